@@ -1,0 +1,55 @@
+"""The `sglang-dflash` command: one entry point, one module per subcommand.
+
+Each subcommand module exposes `add_arguments(parser)` and `run(args) -> int`.
+Modules are imported only when their subcommand runs, so `check` stays fast and
+no subcommand pays for another's imports. Exit codes: 0 success, 1 a check or
+run failed, 2 a usage or input error (argparse's own convention).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "check": ("sglang_dflash.check.command", "verify the package, ABI, GPUs and a live server"),
+    "serve": ("sglang_dflash.serve", "run one SGLang DFlash/DDTree server from a config file"),
+    "unit": ("sglang_dflash.unit", "render the hardened systemd unit for a non-NixOS host"),
+    "bench": ("sglang_dflash.bench.command", "benchmark a server or a sweep of configurations"),
+    "manifest": ("sglang_dflash.manifest", "print or write the overlay manifest"),
+    "pins": ("sglang_dflash.pins", "print the pins, or sync pyproject's gpu extra from them"),
+}
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    """Build the top-level parser, importing only the chosen subcommand's module."""
+    parser = argparse.ArgumentParser(prog="sglang-dflash", description=__doc__.splitlines()[0])
+    from sglang_dflash import __version__
+
+    parser.add_argument("--version", action="version", version=f"sglang-dflash {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            mod = importlib.import_module(module)
+            mod.add_arguments(p)
+            p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    try:
+        return int(args._run(args))
+    except KeyboardInterrupt:
+        print("sglang-dflash: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

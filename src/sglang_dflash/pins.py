@@ -1,0 +1,104 @@
+"""The pins: read from pins.toml (the one human-edited place), rendered elsewhere.
+
+`load_pins()` is what every other module uses. `sglang-dflash pins sync` rewrites
+the generated `gpu` extra in pyproject.toml so it can never drift from the pins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tomllib
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+
+PINS_FILE = "pins.toml"
+_GPU_BEGIN = "# BEGIN GENERATED gpu (sglang-dflash pins sync)"
+_GPU_END = "# END GENERATED gpu"
+
+
+@dataclass(frozen=True)
+class Pins:
+    """Every pinned fact, typed."""
+
+    python_package: str
+    python_cli_min: str
+    cuda_version: str
+    driver_min: str
+    driver_api_min: int
+    distributions: dict[str, str]
+    lockstep: dict[str, list[str]] = field(default_factory=dict)
+
+    def version(self, dist: str) -> str:
+        return self.distributions[dist]
+
+
+def parse_pins(text: str) -> Pins:
+    """Parse pins.toml text; a missing table or key raises KeyError naming it."""
+    data = tomllib.loads(text)
+    return Pins(
+        python_package=data["python"]["package"],
+        python_cli_min=data["python"]["cli_min"],
+        cuda_version=data["cuda"]["version"],
+        driver_min=str(data["cuda"]["driver_min"]),
+        driver_api_min=int(data["cuda"]["driver_api_min"]),
+        distributions=dict(data["distributions"]),
+        lockstep={k: list(v) for k, v in data.get("lockstep", {}).items()},
+    )
+
+
+def load_pins() -> Pins:
+    """The pins shipped inside this package (the same file the Nix flake reads)."""
+    return parse_pins(resources.files("sglang_dflash").joinpath(PINS_FILE).read_text())
+
+
+def gpu_requirements(pins: Pins) -> list[str]:
+    """The `gpu` extra: every pinned distribution, for the package's Python only."""
+    marker = f"python_version >= '{pins.python_package}'"
+    return [f"{dist}=={ver}; {marker}" for dist, ver in pins.distributions.items()]
+
+
+def render_gpu_block(pins: Pins) -> str:
+    lines = [_GPU_BEGIN, "gpu = ["]
+    lines += [f'    "{req}",' for req in gpu_requirements(pins)]
+    lines += ["]", _GPU_END]
+    return "\n".join(lines)
+
+
+def sync_pyproject(text: str, pins: Pins) -> str:
+    """Return pyproject text with the generated gpu block replaced."""
+    pattern = re.compile(re.escape(_GPU_BEGIN) + r".*?" + re.escape(_GPU_END), re.S)
+    if not pattern.search(text):
+        raise ValueError(f"pyproject.toml has no '{_GPU_BEGIN}' block")
+    return pattern.sub(lambda _m: render_gpu_block(pins), text)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "action", nargs="?", default="show", choices=["show", "sync"],
+        help="show: print the pins as JSON; sync: rewrite pyproject's gpu extra",
+    )
+    parser.add_argument("--pyproject", type=Path, default=Path("pyproject.toml"),
+                        help="pyproject.toml to sync (default: ./pyproject.toml)")
+
+
+def run(args: argparse.Namespace) -> int:
+    pins = load_pins()
+    if args.action == "show":
+        print(json.dumps(asdict(pins), indent=2))
+        return 0
+    try:
+        text = args.pyproject.read_text()
+        new = sync_pyproject(text, pins)
+    except (OSError, ValueError) as exc:
+        print(f"sglang-dflash pins sync: {exc}", file=sys.stderr)
+        return 2
+    if new != text:
+        args.pyproject.write_text(new)
+        print(f"updated {args.pyproject}")
+    else:
+        print(f"{args.pyproject} already matches the pins")
+    return 0

@@ -1,0 +1,227 @@
+"""A stand-in for `python -m sglang.launch_server` (see tests/standin/README.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def _env_float(name: str, default: float | None = None) -> float | None:
+    value = os.environ.get(name)
+    return default if value in (None, "") else float(value)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="sglang.launch_server (stand-in)")
+    p.add_argument("--model-path", "--model", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--speculative-algorithm", default=None)
+    p.add_argument("--speculative-draft-model-path", "--speculative-draft-model", default=None)
+    p.add_argument("--speculative-num-draft-tokens", type=int, default=None)
+    p.add_argument("--speculative-dflash-block-size", type=int, default=None)
+    p.add_argument("--tp-size", "--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--vocab-size", type=int, default=151936, help="stand-in only")
+    args, _unknown = p.parse_known_args(argv)  # the real server has hundreds of flags
+    return args
+
+
+def next_token(ids: list[int], vocab: int) -> int:
+    """Deterministic 'greedy model': depends only on the last two tokens."""
+    a = ids[-1] if ids else 0
+    b = ids[-2] if len(ids) > 1 else 0
+    return (a * 31 + b * 17 + 7) % vocab
+
+
+class State:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.ready = False
+        self.requests = 0
+        self.lock = threading.Lock()
+        self.speculative = args.speculative_algorithm not in (None, "", "NONE")
+        self.accept_length = _env_float("STANDIN_ACCEPT_LENGTH", 3.0)
+        self.token_delay = _env_float("STANDIN_TOKEN_DELAY", 0.002)
+        die = os.environ.get("STANDIN_DIE_AFTER_REQUESTS")
+        self.die_after = int(die) if die else None
+
+    def server_info(self) -> dict:
+        a = self.args
+        return {
+            "model_path": a.model_path,
+            "served_model_name": a.served_model_name or a.model_path,
+            "speculative_algorithm": a.speculative_algorithm,
+            "speculative_draft_model_path": a.speculative_draft_model_path,
+            "speculative_num_draft_tokens": a.speculative_num_draft_tokens,
+            "speculative_dflash_block_size": a.speculative_dflash_block_size,
+            "tp_size": a.tp_size,
+            "internal_states": [
+                {"avg_spec_accept_length": self.accept_length if self.speculative else None}
+            ],
+            "version": "0.5.17",
+        }
+
+
+def make_handler(state: State):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, fmt, *args):  # keep test output quiet
+            pass
+
+        def _send(self, code: int, body: dict | None = None) -> None:
+            data = b"" if body is None else json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _authorized(self) -> bool:
+            key = state.args.api_key
+            if not key:
+                return True
+            if self.headers.get("Authorization") == f"Bearer {key}":
+                return True
+            self._send(401, {"error": "unauthorized"})
+            return False
+
+        def do_GET(self):
+            path = self.path.split("?")[0]
+            if path in ("/health", "/health_generate"):
+                self._send(200 if state.ready else 503)
+            elif not self._authorized():
+                return
+            elif path in ("/server_info", "/get_server_info"):
+                self._send(200, state.server_info())
+            elif path == "/v1/models":
+                name = state.args.served_model_name or state.args.model_path
+                self._send(200, {"object": "list", "data": [{"id": name, "object": "model"}]})
+            else:
+                self._send(404, {"detail": "Not Found"})
+
+        def do_POST(self):
+            path = self.path.split("?")[0]
+            if not self._authorized():
+                return
+            if path != "/generate":
+                self._send(404, {"detail": "Not Found"})
+                return
+            if not state.ready:
+                self._send(503, {"error": "not ready"})
+                return
+            length = int(self.headers.get("Content-Length") or 0)
+            try:
+                req = json.loads(self.rfile.read(length) or b"{}")
+            except json.JSONDecodeError:
+                self._send(400, {"error": {"message": "invalid JSON"}})
+                return
+            self._generate(req)
+            with state.lock:
+                state.requests += 1
+                if state.die_after is not None and state.requests >= state.die_after:
+                    os._exit(4)
+
+        def _generate(self, req: dict) -> None:
+            params = req.get("sampling_params") or {}
+            n = int(params.get("max_new_tokens", 16))
+            self._n = n
+            ids = req.get("input_ids")
+            if ids is None:
+                text = req.get("text") or ""
+                ids = [ord(c) % state.args.vocab_size for c in text] or [0]
+            start = time.time()
+            ctx = list(ids)
+            out: list[int] = []
+            acc = state.accept_length if state.speculative else 1.0
+            stream = bool(req.get("stream"))
+            if stream:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+            for _ in range(n):
+                tok = next_token(ctx, state.args.vocab_size)
+                ctx.append(tok)
+                out.append(tok)
+                time.sleep(state.token_delay / acc)
+                if stream:
+                    self.wfile.write(b"data: " + json.dumps(self._body(ids, out, start)).encode()
+                                     + b"\n\n")
+                    self.wfile.flush()
+            if stream:
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+                self.close_connection = True
+            else:
+                self._send(200, self._body(ids, out, start))
+
+        def _body(self, ids: list[int], out: list[int], start: float) -> dict:
+            meta = {
+                "id": "standin",
+                "prompt_tokens": len(ids),
+                "completion_tokens": len(out),
+                "e2e_latency": time.time() - start,
+                "finish_reason": (
+                    {"type": "length", "length": len(out)} if len(out) >= self._n else None
+                ),
+            }
+            if state.speculative and out:
+                acc = state.accept_length
+                verify_ct = max(1, round(len(out) / acc))
+                width = state.args.speculative_num_draft_tokens or 16
+                meta["spec_verify_ct"] = verify_ct
+                meta["spec_accept_length"] = len(out) / verify_ct
+                meta["spec_accept_rate"] = (len(out) - verify_ct) / (verify_ct * (width - 1))
+            return {"text": "", "output_ids": list(out), "meta_info": meta}
+
+    return Handler
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if os.environ.get("STANDIN_ARGV_FILE"):
+        with open(os.environ["STANDIN_ARGV_FILE"], "w") as f:
+            json.dump(argv, f)
+    print(f"[stand-in sglang] starting model={args.model_path} "
+          f"algorithm={args.speculative_algorithm}", file=sys.stderr, flush=True)
+    term_code = int(os.environ.get("STANDIN_EXIT_CODE_ON_TERM", "0"))
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(term_code))
+    time.sleep(_env_float("STANDIN_BIND_DELAY", 0.0))
+    state = State(args)
+    httpd = ThreadingHTTPServer((args.host, args.port), make_handler(state))
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    print(f"[stand-in sglang] listening on {args.host}:{args.port}", file=sys.stderr, flush=True)
+    time.sleep(_env_float("STANDIN_READY_DELAY", 0.0))
+    crash = os.environ.get("STANDIN_CRASH_BEFORE_READY")
+    if crash:
+        print("[stand-in sglang] RuntimeError: simulated failure while loading weights",
+              file=sys.stderr, flush=True)
+        return int(crash)
+    if os.environ.get("STANDIN_NEVER_READY") == "1":
+        while True:
+            time.sleep(3600)
+    state.ready = True
+    print("[stand-in sglang] The server is fired up and ready to roll!",
+          file=sys.stderr, flush=True)
+    crash_after = _env_float("STANDIN_CRASH_AFTER_READY")
+    if crash_after is not None:
+        time.sleep(crash_after)
+        print("[stand-in sglang] simulated crash after ready", file=sys.stderr, flush=True)
+        return 3
+    while True:
+        time.sleep(3600)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
