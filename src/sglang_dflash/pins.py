@@ -57,7 +57,7 @@ def load_pins() -> Pins:
 
 def gpu_requirements(pins: Pins) -> list[str]:
     """The `gpu` extra: every pinned distribution, for the package's Python only."""
-    marker = f"python_version >= '{pins.python_package}'"
+    marker = f"python_version == '{pins.python_package}'"
     return [f"{dist}=={ver}; {marker}" for dist, ver in pins.distributions.items()]
 
 
