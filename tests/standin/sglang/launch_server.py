@@ -29,8 +29,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--tp-size", "--tensor-parallel-size", type=int, default=1)
     p.add_argument("--api-key", default=None)
     p.add_argument("--served-model-name", default=None)
+    p.add_argument("--config", default=None, help="YAML/JSON file of flag values (api-key only)")
     p.add_argument("--vocab-size", type=int, default=151936, help="stand-in only")
     args, _unknown = p.parse_known_args(argv)  # the real server has hundreds of flags
+    if args.config and not args.api_key:
+        # sglang-dflash serve writes JSON, which is valid YAML, so json reads it here.
+        with open(args.config) as f:
+            args.api_key = json.load(f).get("api-key")
     return args
 
 

@@ -1,0 +1,397 @@
+# services.sglang-dflash: SGLang DFlash/DDTree servers as hardened systemd services.
+#
+# Each instance becomes sglang-dflash-<name>.service. Nix only writes the instance config as
+# JSON (keys = the option names below); `sglang-dflash serve` validates it and renders
+# SGLang's argv -- the one renderer (src/sglang_dflash/config.py). The systemd directives
+# and their reasons come from src/sglang_dflash/unit-hardening.json, which
+# `sglang-dflash unit` (the same unit for non-NixOS hosts) reads too.
+{ config, lib, pkgs, ... }:
+let
+  inherit (lib) mkOption mkEnableOption types literalExpression;
+
+  cfg = config.services.sglang-dflash;
+  shared = lib.importJSON ../src/sglang_dflash/unit-hardening.json;
+  directives = entries: lib.listToAttrs (map (e: lib.nameValuePair e.key e.value) entries);
+
+  # Keep in step with START_TIMEOUT_MARGIN_S in src/sglang_dflash/unit.py.
+  startTimeoutMargin = 300;
+  budgetMin = 1;
+  budgetMax = 1023;
+  wildcardHosts = [ "0.0.0.0" "::" ];
+
+  instanceModule = { name, config, ... }: {
+    options = {
+      enable = mkEnableOption "this SGLang DFlash/DDTree instance" // { default = true; };
+
+      package = mkOption {
+        type = types.package;
+        default = pkgs.sglang-dflash;
+        defaultText = literalExpression "pkgs.sglang-dflash";
+        description = "The sglang-dflash package (pinned SGLang + DDTree overlay + CLI) to run.";
+      };
+
+      model = mkOption {
+        type = types.str;
+        example = "Qwen/Qwen3-8B";
+        description = ''
+          Target model: a local directory or a Hugging Face hub id (downloaded into the
+          instance's cache directory on first start; give HF_TOKEN via environmentFile).
+        '';
+      };
+      modelRevision = mkOption {
+        type = types.nullOr types.str;
+        default = null;
+        description = "Hub revision (branch, tag or commit) of model; pin a commit for reproducibility.";
+      };
+      draftModel = mkOption {
+        type = types.nullOr types.str;
+        default = null;
+        example = "z-lab/Qwen3-8B-DFlash-b16";
+        description = "DFlash draft model (local directory or hub id); required unless algorithm is \"none\".";
+      };
+      draftModelRevision = mkOption {
+        type = types.nullOr types.str;
+        default = null;
+        description = "Hub revision of draftModel.";
+      };
+
+      algorithm = mkOption {
+        type = types.enum [ "dflash" "ddtree" "none" ];
+        default = "dflash";
+        description = ''
+          Speculative decoding: "dflash" (SGLang's DFLASH, one draft block), "ddtree" (the
+          DDTree mode of DFLASH: a draft tree of ddtree.budget nodes verified in one pass),
+          or "none" (no speculation; a baseline).
+        '';
+      };
+      ddtree.budget = mkOption {
+        type = types.int;
+        default = 64;
+        description = ''
+          DDTree node budget (1..1023): the verify width is budget + 1 tokens per request.
+          Only used when algorithm = "ddtree".
+        '';
+      };
+      blockSize = mkOption {
+        type = types.nullOr types.ints.positive;
+        default = null;
+        description = "DFlash block size (--speculative-dflash-block-size); null reads it from the draft model's config.";
+      };
+
+      host = mkOption {
+        type = types.str;
+        default = "127.0.0.1";
+        description = "Address SGLang listens on.";
+      };
+      port = mkOption {
+        type = types.port;
+        default = 30000;
+        description = "TCP port SGLang listens on.";
+      };
+      gpus = mkOption {
+        type = types.listOf types.ints.unsigned;
+        default = [ 0 ];
+        example = [ 2 3 ];
+        description = ''
+          GPU indices this instance owns (CUDA_VISIBLE_DEVICES). No GPU may belong to two
+          instances. An empty list leaves CUDA_VISIBLE_DEVICES unset (all GPUs visible).
+        '';
+      };
+      tensorParallelSize = mkOption {
+        type = types.ints.positive;
+        default = lib.max 1 (builtins.length config.gpus);
+        defaultText = literalExpression "max 1 (length gpus)";
+        description = "Tensor-parallel size (--tp-size); must equal the number of GPUs.";
+      };
+      memFractionStatic = mkOption {
+        type = types.nullOr (types.numbers.between 0 1);
+        default = null;
+        example = 0.8;
+        description = "Fraction of GPU memory for weights and KV cache (--mem-fraction-static); null lets SGLang choose.";
+      };
+      attentionBackend = mkOption {
+        type = types.nullOr types.str;
+        default = null;
+        example = "flashinfer";
+        description = "SGLang attention backend (--attention-backend), e.g. flashinfer or triton; null lets SGLang choose.";
+      };
+      draftAttentionBackend = mkOption {
+        type = types.nullOr types.str;
+        default = null;
+        description = "Attention backend of the draft model (--speculative-draft-attention-backend).";
+      };
+      contextLength = mkOption {
+        type = types.nullOr types.ints.positive;
+        default = null;
+        description = "Maximum context length (--context-length); null uses the model's.";
+      };
+      maxRunningRequests = mkOption {
+        type = types.nullOr types.ints.positive;
+        default = null;
+        description = "Maximum concurrently running requests (--max-running-requests).";
+      };
+      servedModelName = mkOption {
+        type = types.nullOr types.str;
+        default = null;
+        description = "Model name reported by /v1/models (--served-model-name).";
+      };
+      loadFormat = mkOption {
+        type = types.nullOr types.str;
+        default = null;
+        example = "dummy";
+        description = "Weight load format (--load-format); \"dummy\" for random-weight test runs.";
+      };
+      draftLoadFormat = mkOption {
+        type = types.nullOr types.str;
+        default = null;
+        description = "Draft weight load format (--speculative-draft-load-format).";
+      };
+      skipTokenizerInit = mkOption {
+        type = types.bool;
+        default = false;
+        description = "Skip loading the tokenizer (--skip-tokenizer-init); requests must send input_ids.";
+      };
+
+      apiKeyFile = mkOption {
+        type = types.nullOr types.str;
+        default = null;
+        example = "/run/secrets/sglang-api-key";
+        description = ''
+          File holding the API key (one line). Loaded with systemd's LoadCredential=, so it
+          may be readable by root only; it is never copied into the Nix store and never
+          appears on a command line (serve hands it to SGLang through a 0600 config file).
+        '';
+      };
+      apiKey = mkOption {
+        type = types.nullOr types.str;
+        default = null;
+        visible = false;
+        description = "Refused: an inline key would land in the world-readable Nix store. Use apiKeyFile.";
+      };
+      environment = mkOption {
+        type = types.attrsOf types.str;
+        default = { };
+        example = { NCCL_DEBUG = "WARN"; };
+        description = "Extra environment for SGLang (not for secrets: it is in the store).";
+      };
+      environmentFile = mkOption {
+        type = types.nullOr types.str;
+        default = null;
+        example = "/run/secrets/sglang-env";
+        description = "EnvironmentFile= for secrets such as HF_TOKEN.";
+      };
+      extraArgs = mkOption {
+        type = types.listOf types.str;
+        default = [ ];
+        example = [ "--cuda-graph-max-bs" "8" ];
+        description = "Extra SGLang arguments, appended after the rendered ones.";
+      };
+      openFirewall = mkOption {
+        type = types.bool;
+        default = false;
+        description = "Open port in the firewall.";
+      };
+      preflight = mkOption {
+        type = types.bool;
+        default = true;
+        description = "Run `sglang-dflash check --offline` in ExecStartPre: a broken environment never starts, and the journal says why.";
+      };
+      startTimeout = mkOption {
+        type = types.ints.positive;
+        default = 1800;
+        description = ''
+          Seconds SGLang may take to answer /health (weights download, kernel JIT, CUDA graph
+          capture). A child that dies earlier fails the start at once.
+        '';
+      };
+      user = mkOption {
+        type = types.nullOr types.str;
+        default = null;
+        description = "Static user to run as; null uses DynamicUser.";
+      };
+      group = mkOption {
+        type = types.nullOr types.str;
+        default = null;
+        description = "Static group (with user); null uses the user's name.";
+      };
+
+      finalConfig = mkOption {
+        type = types.attrs;
+        internal = true;
+        readOnly = true;
+        description = "The instance config that serve reads (written to the store as JSON).";
+      };
+    };
+
+    config.finalConfig = {
+      inherit name;
+      inherit (config) model modelRevision draftModel draftModelRevision algorithm blockSize
+        host port gpus tensorParallelSize memFractionStatic attentionBackend
+        draftAttentionBackend contextLength maxRunningRequests servedModelName apiKeyFile
+        environment extraArgs preflight startTimeout loadFormat draftLoadFormat
+        skipTokenizerInit;
+      ddtree = { inherit (config.ddtree) budget; };
+      cacheDir = "/var/cache/sglang-dflash-${name}";
+    };
+  };
+
+  enabled = lib.filterAttrs (_: i: i.enable) cfg.instances;
+  names = lib.attrNames enabled;
+
+  # --- assertions ------------------------------------------------------------------------
+  pairs = lib.concatLists (lib.imap0
+    (ia: a: map (b: { inherit a b; }) (lib.drop (ia + 1) names))
+    names);
+  sameSocket = p:
+    let x = enabled.${p.a}; y = enabled.${p.b}; in
+    x.port == y.port
+    && (x.host == y.host || lib.elem x.host wildcardHosts || lib.elem y.host wildcardHosts);
+  socketAssertions = map
+    (p: {
+      assertion = !(sameSocket p);
+      message = "services.sglang-dflash: instances \"${p.a}\" and \"${p.b}\" both listen on "
+        + "${enabled.${p.a}.host}:${toString enabled.${p.a}.port} / "
+        + "${enabled.${p.b}.host}:${toString enabled.${p.b}.port}; give each its own port.";
+    })
+    pairs;
+
+  allGpus = lib.unique (lib.concatMap (n: enabled.${n}.gpus) names);
+  gpuAssertions = map
+    (g:
+      let users = lib.filter (n: lib.elem g enabled.${n}.gpus) names; in {
+        assertion = builtins.length users < 2;
+        message = "services.sglang-dflash: GPU ${toString g} is used by instances "
+          + "${lib.concatMapStringsSep ", " (n: "\"${n}\"") users}; a GPU belongs to one instance.";
+      })
+    allGpus;
+
+  hasFlag = flags: i: lib.any (a: lib.elem (lib.head (lib.splitString "=" a)) flags) i.extraArgs;
+  instanceAssertions = name: i:
+    let p = "services.sglang-dflash.instances.${name}"; in [
+      {
+        assertion = builtins.match "[A-Za-z0-9][A-Za-z0-9_.-]{0,63}" name != null;
+        message = "${p}: the instance name must match [A-Za-z0-9][A-Za-z0-9_.-]{0,63} (it names a unit).";
+      }
+      {
+        assertion = i.gpus == [ ] || i.tensorParallelSize == builtins.length i.gpus;
+        message = "${p}.tensorParallelSize = ${toString i.tensorParallelSize} does not match "
+          + "the ${toString (builtins.length i.gpus)} GPU(s) in gpus = [ ${lib.concatMapStringsSep " " toString i.gpus} ].";
+      }
+      {
+        assertion = lib.length i.gpus == lib.length (lib.unique i.gpus);
+        message = "${p}.gpus lists a GPU index twice.";
+      }
+      {
+        assertion = i.algorithm == "none" || i.draftModel != null;
+        message = "${p}: algorithm = \"${i.algorithm}\" needs draftModel (a DFlash draft model); "
+          + "set it, or use algorithm = \"none\" for a baseline.";
+      }
+      {
+        assertion = i.ddtree.budget >= budgetMin && i.ddtree.budget <= budgetMax;
+        message = "${p}.ddtree.budget = ${toString i.ddtree.budget} is outside ${toString budgetMin}..${toString budgetMax}.";
+      }
+      {
+        assertion = i.apiKey == null && !(hasFlag [ "--api-key" "--admin-api-key" ] i);
+        message = "${p}: an inline API key (apiKey or --api-key in extraArgs) would be world-readable "
+          + "in the Nix store and on the command line; put the key in a file and set apiKeyFile.";
+      }
+      {
+        assertion = i.apiKeyFile == null
+          || (lib.hasPrefix "/" i.apiKeyFile && !(lib.hasPrefix builtins.storeDir i.apiKeyFile));
+        message = "${p}.apiKeyFile must be an absolute path outside the Nix store (got ${toString i.apiKeyFile}).";
+      }
+      {
+        assertion = !(hasFlag [ "--config" ] i);
+        message = "${p}.extraArgs: --config is reserved for serve (it carries the API key).";
+      }
+      {
+        assertion = !(i.environment ? CUDA_VISIBLE_DEVICES) && !(i.environment ? SGLANG_DFLASH_DDTREE_BUDGET);
+        message = "${p}.environment: set the GPUs with gpus and the DDTree budget with ddtree.budget, "
+          + "not CUDA_VISIBLE_DEVICES / SGLANG_DFLASH_DDTREE_BUDGET.";
+      }
+    ];
+
+  # --- units -----------------------------------------------------------------------------
+  mkService = name: i:
+    let
+      exe = "${i.package}/bin/sglang-dflash";
+      configFile = pkgs.writeText "sglang-dflash-${name}.json" (builtins.toJSON i.finalConfig);
+      sub = "sglang-dflash-${name}"; # one flat directory per instance, no shared parent
+    in
+    lib.nameValuePair "sglang-dflash-${name}" {
+      description = "SGLang DFlash/DDTree server ${name} (${i.algorithm})";
+      after = [ "network-online.target" "nvidia-persistenced.service" ];
+      wants = [ "network-online.target" ];
+      wantedBy = [ "multi-user.target" ];
+      unitConfig = directives shared.unit;
+      environment = {
+        HOME = "/var/lib/${sub}";
+        # The NVIDIA driver's libcuda.so.1 on NixOS; Triton looks for libcuda there too.
+        LD_LIBRARY_PATH = "/run/opengl-driver/lib";
+        TRITON_LIBCUDA_PATH = "/run/opengl-driver/lib";
+        PYTHONUNBUFFERED = "1";
+      };
+      serviceConfig = directives shared.lifecycle // directives shared.hardening // {
+        TimeoutStartSec = "${toString (i.startTimeout + startTimeoutMargin)}s";
+        DynamicUser = i.user == null;
+        StateDirectory = sub;
+        CacheDirectory = sub;
+        RuntimeDirectory = sub;
+        StateDirectoryMode = "0700";
+        CacheDirectoryMode = "0700";
+        RuntimeDirectoryMode = "0700";
+        WorkingDirectory = "/var/lib/${sub}";
+        ExecStart = "${exe} serve --config ${configFile}";
+      }
+      // lib.optionalAttrs i.preflight { ExecStartPre = "${exe} check --offline"; }
+      // lib.optionalAttrs (i.user != null) {
+        User = i.user;
+        Group = if i.group != null then i.group else i.user;
+      }
+      // lib.optionalAttrs (i.apiKeyFile != null) { LoadCredential = "api-key:${i.apiKeyFile}"; }
+      // lib.optionalAttrs (i.environmentFile != null) { EnvironmentFile = i.environmentFile; };
+    };
+
+  staticUsers = lib.filter (i: i.user != null) (lib.attrValues enabled);
+in
+{
+  options.services.sglang-dflash = {
+    instances = mkOption {
+      type = types.attrsOf (types.submodule instanceModule);
+      default = { };
+      example = literalExpression ''
+        {
+          qwen3-8b = {
+            model = "Qwen/Qwen3-8B";
+            draftModel = "z-lab/Qwen3-8B-DFlash-b16";
+            algorithm = "ddtree";
+            ddtree.budget = 64;
+            gpus = [ 0 ];
+            port = 30000;
+          };
+        }
+      '';
+      description = "SGLang DFlash/DDTree servers; each runs as sglang-dflash-<name>.service.";
+    };
+  };
+
+  config = lib.mkIf (enabled != { }) {
+    assertions = socketAssertions ++ gpuAssertions
+      ++ lib.concatLists (lib.mapAttrsToList instanceAssertions enabled);
+
+    systemd.services = lib.mapAttrs' mkService enabled;
+
+    networking.firewall.allowedTCPPorts =
+      lib.concatMap (i: lib.optional i.openFirewall i.port) (lib.attrValues enabled);
+
+    users.users = lib.listToAttrs (map
+      (i: lib.nameValuePair i.user {
+        isSystemUser = true;
+        group = if i.group != null then i.group else i.user;
+      })
+      staticUsers);
+    users.groups = lib.listToAttrs (map
+      (i: lib.nameValuePair (if i.group != null then i.group else i.user) { })
+      staticUsers);
+  };
+}

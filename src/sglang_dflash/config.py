@@ -1,0 +1,334 @@
+"""One SGLang DFlash/DDTree instance: its config schema, validation and rendering.
+
+The NixOS module writes an instance config as JSON whose keys are exactly the module's
+option names; `sglang-dflash serve`, `sglang-dflash unit` and the bench tool read it here.
+This module is the ONLY place that turns a config into SGLang's argv and environment, so
+Nix never re-implements flag rendering. Everything here is pure: no I/O except
+`load_config`, which only reads the file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ALGORITHMS = ("none", "dflash", "ddtree")
+BUDGET_MIN, BUDGET_MAX = 1, 1023
+DEFAULT_BUDGET = 64
+DEFAULT_PORT = 30000
+DEFAULT_START_TIMEOUT = 1800
+DDTREE_BUDGET_ENV = "SGLANG_DFLASH_DDTREE_BUDGET"
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Flags serve owns: a key on the command line would be readable in /proc by every local
+# user, and serve passes the key through SGLang's --config file instead.
+FORBIDDEN_EXTRA_ARGS = ("--api-key", "--admin-api-key", "--config")
+# Flags rendered from typed keys: giving them again in extraArgs makes two sources of truth.
+TYPED_FLAGS = (
+    "--model-path", "--model", "--host", "--port", "--tp-size", "--tensor-parallel-size",
+    "--speculative-algorithm", "--speculative-draft-model-path", "--speculative-draft-model",
+    "--speculative-dflash-block-size", "--speculative-num-draft-tokens",
+)
+
+
+class ConfigError(ValueError):
+    """A config that cannot be served; the message is one line and names the key."""
+
+
+@dataclass(frozen=True)
+class DDTreeConfig:
+    budget: int = DEFAULT_BUDGET
+
+
+@dataclass(frozen=True)
+class InstanceConfig:
+    """A validated instance config; field names are the snake_case of the JSON keys."""
+
+    name: str
+    model: str
+    model_revision: str | None = None
+    draft_model: str | None = None
+    draft_model_revision: str | None = None
+    algorithm: str = "dflash"
+    ddtree: DDTreeConfig = field(default_factory=DDTreeConfig)
+    block_size: int | None = None
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    gpus: tuple[int, ...] = (0,)
+    tensor_parallel_size: int = 1
+    mem_fraction_static: float | None = None
+    attention_backend: str | None = None
+    draft_attention_backend: str | None = None
+    context_length: int | None = None
+    max_running_requests: int | None = None
+    served_model_name: str | None = None
+    api_key_file: str | None = None
+    environment: tuple[tuple[str, str], ...] = ()
+    extra_args: tuple[str, ...] = ()
+    preflight: bool = True
+    start_timeout: int = DEFAULT_START_TIMEOUT
+    load_format: str | None = None
+    draft_load_format: str | None = None
+    skip_tokenizer_init: bool = False
+    cache_dir: str | None = None
+
+    @property
+    def speculative(self) -> bool:
+        return self.algorithm != "none"
+
+
+# JSON key -> (python type(s), nullable). Order is the documented order.
+_SCALARS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "name": ((str,), False),
+    "model": ((str,), False),
+    "modelRevision": ((str,), True),
+    "draftModel": ((str,), True),
+    "draftModelRevision": ((str,), True),
+    "algorithm": ((str,), False),
+    "blockSize": ((int,), True),
+    "host": ((str,), False),
+    "port": ((int,), False),
+    "tensorParallelSize": ((int,), True),
+    "memFractionStatic": ((int, float), True),
+    "attentionBackend": ((str,), True),
+    "draftAttentionBackend": ((str,), True),
+    "contextLength": ((int,), True),
+    "maxRunningRequests": ((int,), True),
+    "servedModelName": ((str,), True),
+    "apiKeyFile": ((str,), True),
+    "preflight": ((bool,), False),
+    "startTimeout": ((int,), False),
+    "loadFormat": ((str,), True),
+    "draftLoadFormat": ((str,), True),
+    "skipTokenizerInit": ((bool,), False),
+    "cacheDir": ((str,), True),
+}
+KNOWN_KEYS = (*_SCALARS, "ddtree", "gpus", "environment", "extraArgs")
+
+
+def _type_name(types: tuple[type, ...]) -> str:
+    names = {str: "a string", int: "an integer", float: "a number", bool: "a boolean"}
+    return " or ".join(names[t] for t in types if not (t is int and float in types))
+
+
+def _check_type(key: str, value: Any, types: tuple[type, ...], nullable: bool) -> None:
+    if value is None:
+        if nullable:
+            return
+        raise ConfigError(f"{key}: must be set (got null)")
+    # bool is an int subclass in Python; JSON true is never a port number.
+    if isinstance(value, bool) and bool not in types:
+        raise ConfigError(f"{key}: must be {_type_name(types)}, got a boolean")
+    if not isinstance(value, types):
+        raise ConfigError(f"{key}: must be {_type_name(types)}, got {type(value).__name__}")
+
+
+def _in_range(key: str, value: int | float | None, lo: float, hi: float) -> None:
+    if value is not None and not lo <= value <= hi:
+        raise ConfigError(f"{key}: {value} is outside {lo}..{hi}")
+
+
+def _parse_ddtree(raw: Any) -> DDTreeConfig:
+    if raw is None:
+        return DDTreeConfig()
+    if not isinstance(raw, dict):
+        raise ConfigError(f"ddtree: must be an object like {{\"budget\": 64}}, got {raw!r}")
+    unknown = sorted(set(raw) - {"budget"})
+    if unknown:
+        raise ConfigError(f"ddtree.{unknown[0]}: unknown key (known: budget)")
+    budget = raw.get("budget", DEFAULT_BUDGET)
+    _check_type("ddtree.budget", budget, (int,), False)
+    _in_range("ddtree.budget", budget, BUDGET_MIN, BUDGET_MAX)
+    return DDTreeConfig(budget=budget)
+
+
+def _parse_gpus(raw: Any) -> tuple[int, ...]:
+    if not isinstance(raw, list):
+        raise ConfigError(f"gpus: must be a list of GPU indices, got {type(raw).__name__}")
+    for i, g in enumerate(raw):
+        if isinstance(g, bool) or not isinstance(g, int) or g < 0:
+            raise ConfigError(f"gpus[{i}]: must be a non-negative integer, got {g!r}")
+    if len(set(raw)) != len(raw):
+        raise ConfigError(f"gpus: lists a GPU index twice: {raw}")
+    return tuple(raw)
+
+
+def _parse_environment(raw: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"environment: must be an object of strings, got {type(raw).__name__}")
+    for k, v in raw.items():
+        if not ENV_NAME_RE.match(k):
+            raise ConfigError(f"environment.{k}: not a valid environment variable name")
+        if not isinstance(v, str):
+            raise ConfigError(f"environment.{k}: must be a string, got {type(v).__name__}")
+    if "CUDA_VISIBLE_DEVICES" in raw:
+        raise ConfigError("environment.CUDA_VISIBLE_DEVICES: set the GPUs with `gpus` instead")
+    if DDTREE_BUDGET_ENV in raw:
+        raise ConfigError(f"environment.{DDTREE_BUDGET_ENV}: set `ddtree.budget` instead")
+    return tuple(sorted(raw.items()))
+
+
+def _flag_of(arg: str) -> str:
+    return arg.split("=", 1)[0]
+
+
+def _parse_extra_args(raw: Any) -> tuple[str, ...]:
+    if not isinstance(raw, list) or not all(isinstance(a, str) for a in raw):
+        raise ConfigError("extraArgs: must be a list of strings")
+    for a in raw:
+        flag = _flag_of(a)
+        if flag in ("--api-key", "--admin-api-key"):
+            raise ConfigError(
+                f"extraArgs: {flag} puts the key on the command line; use apiKeyFile instead"
+            )
+        if flag == "--config":
+            raise ConfigError("extraArgs: --config is reserved for serve (it carries the API key)")
+        if flag in TYPED_FLAGS:
+            raise ConfigError(f"extraArgs: {flag} is rendered from a typed key; set that key")
+    return tuple(raw)
+
+
+def _snake(key: str) -> str:
+    return re.sub(r"(?<!^)([A-Z])", r"_\1", key).lower()
+
+
+def parse_config(raw: Any) -> InstanceConfig:
+    """Validate a decoded JSON object and return the config; pure (no I/O)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config: must be a JSON object, got {type(raw).__name__}")
+    if "apiKey" in raw:
+        raise ConfigError("apiKey: inline API keys are refused; put the key in a file, apiKeyFile")
+    unknown = sorted(set(raw) - set(KNOWN_KEYS))
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown key")
+    for key in ("name", "model"):
+        if key not in raw:
+            raise ConfigError(f"{key}: required key is missing")
+    values: dict[str, Any] = {}
+    for key, (types, nullable) in _SCALARS.items():
+        if key in raw:
+            _check_type(key, raw[key], types, nullable)
+            values[_snake(key)] = raw[key]
+
+    if not NAME_RE.match(values["name"]):
+        raise ConfigError(f"name: {values['name']!r} must match {NAME_RE.pattern}")
+    if not values["model"].strip():
+        raise ConfigError("model: must not be empty")
+    algorithm = values.get("algorithm", "dflash")
+    if algorithm not in ALGORITHMS:
+        raise ConfigError(f"algorithm: {algorithm!r} is not one of {', '.join(ALGORITHMS)}")
+    if algorithm != "none" and not values.get("draft_model"):
+        raise ConfigError(f"draftModel: algorithm {algorithm!r} needs a draft model")
+    _in_range("port", values.get("port"), 1, 65535)
+    _in_range("blockSize", values.get("block_size"), 1, 1024)
+    _in_range("contextLength", values.get("context_length"), 1, 1 << 24)
+    _in_range("maxRunningRequests", values.get("max_running_requests"), 1, 1 << 20)
+    _in_range("startTimeout", values.get("start_timeout"), 1, 7 * 24 * 3600)
+    mfs = values.get("mem_fraction_static")
+    if mfs is not None and (not math.isfinite(mfs) or not 0 < mfs < 1):
+        raise ConfigError(f"memFractionStatic: {mfs} must be in (0, 1)")
+    if not values.get("host", "x").strip():
+        raise ConfigError("host: must not be empty")
+    for key in ("apiKeyFile", "cacheDir"):
+        path = values.get(_snake(key))
+        if path is not None and not path.startswith("/"):
+            raise ConfigError(f"{key}: must be an absolute path, got {path!r}")
+
+    values["ddtree"] = _parse_ddtree(raw.get("ddtree"))
+    gpus = _parse_gpus(raw.get("gpus", [0]))
+    values["gpus"] = gpus
+    tp = values.get("tensor_parallel_size")
+    if tp is None:
+        tp = max(len(gpus), 1)
+    _in_range("tensorParallelSize", tp, 1, 1024)
+    if gpus and tp != len(gpus):
+        raise ConfigError(
+            f"tensorParallelSize: {tp} does not match the {len(gpus)} GPU(s) in gpus {list(gpus)}"
+        )
+    values["tensor_parallel_size"] = tp
+    values["environment"] = _parse_environment(raw.get("environment", {}))
+    values["extra_args"] = _parse_extra_args(raw.get("extraArgs", []))
+    return InstanceConfig(**values)
+
+
+def load_config(path: str | Path) -> InstanceConfig:
+    """Read and validate an instance config file; every failure is a one-line ConfigError."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: config is not UTF-8 text") from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        where = f"line {e.lineno} column {e.colno}"
+        raise ConfigError(f"{path}: not JSON: {e.msg} at {where}") from None
+    return parse_config(raw)
+
+
+def render_argv(cfg: InstanceConfig) -> list[str]:
+    """SGLang's argv after `-m sglang.launch_server`: typed keys first, extraArgs last."""
+    argv = ["--model-path", cfg.model]
+    if cfg.model_revision:
+        argv += ["--revision", cfg.model_revision]
+    argv += ["--host", cfg.host, "--port", str(cfg.port)]
+    argv += ["--tp-size", str(cfg.tensor_parallel_size)]
+    optional = [
+        ("--mem-fraction-static", cfg.mem_fraction_static),
+        ("--attention-backend", cfg.attention_backend),
+        ("--context-length", cfg.context_length),
+        ("--max-running-requests", cfg.max_running_requests),
+        ("--served-model-name", cfg.served_model_name),
+        ("--load-format", cfg.load_format),
+    ]
+    argv += [x for flag, v in optional if v is not None for x in (flag, str(v))]
+    if cfg.skip_tokenizer_init:
+        argv.append("--skip-tokenizer-init")
+    if cfg.speculative:
+        # DDTree is a mode of DFLASH switched on by the budget env var (see render_env).
+        argv += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path",
+                 str(cfg.draft_model)]
+        spec_optional = [
+            ("--speculative-draft-model-revision", cfg.draft_model_revision),
+            ("--speculative-dflash-block-size", cfg.block_size),
+            ("--speculative-draft-load-format", cfg.draft_load_format),
+            ("--speculative-draft-attention-backend", cfg.draft_attention_backend),
+        ]
+        argv += [x for flag, v in spec_optional if v is not None for x in (flag, str(v))]
+    return argv + list(cfg.extra_args)
+
+
+def cache_env(cache_dir: str) -> dict[str, str]:
+    """Per-instance cache locations for every JIT and download cache SGLang touches."""
+    return {
+        "XDG_CACHE_HOME": cache_dir,
+        "HF_HOME": f"{cache_dir}/huggingface",
+        "TRITON_CACHE_DIR": f"{cache_dir}/triton",
+        "FLASHINFER_WORKSPACE_BASE": f"{cache_dir}/flashinfer",
+        "TORCHINDUCTOR_CACHE_DIR": f"{cache_dir}/inductor",
+    }
+
+
+def render_env(cfg: InstanceConfig) -> dict[str, str]:
+    """Environment for the SGLang child, on top of the inherited one.
+
+    Order of precedence: computed cache dirs < `environment` < GPU and DDTree keys
+    (the last two cannot be set through `environment`; parse_config refuses them).
+    """
+    env: dict[str, str] = cache_env(cfg.cache_dir) if cfg.cache_dir else {}
+    env.update(dict(cfg.environment))
+    if cfg.gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in cfg.gpus)
+    if cfg.algorithm == "ddtree":
+        env[DDTREE_BUDGET_ENV] = str(cfg.ddtree.budget)
+    return env
+
+
+def unset_env(cfg: InstanceConfig) -> tuple[str, ...]:
+    """Inherited variables that must not reach the child (a stale DDTree switch)."""
+    return () if cfg.algorithm == "ddtree" else (DDTREE_BUDGET_ENV,)

@@ -1,0 +1,361 @@
+"""`sglang-dflash serve`: run one SGLang server from an instance config, as systemd expects.
+
+Starts `python -m sglang.launch_server` (this interpreter) as a child, polls /health, and
+tells systemd READY=1 only when the server answers. A child that dies before it is ready
+fails the start within about a second, with its last stderr lines in the journal; SIGTERM
+and SIGINT are forwarded and serve exits with the child's code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import dataclasses
+import http.client
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from sglang_dflash import sdnotify
+from sglang_dflash.config import ConfigError, InstanceConfig, load_config, render_argv, render_env
+from sglang_dflash.config import unset_env as config_unset_env
+
+STDERR_TAIL = 20
+TERM_GRACE_S = 30.0
+CREDENTIAL_NAME = "api-key"  # LoadCredential=api-key:<apiKeyFile> in the unit
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, metavar="FILE", help="instance config (JSON)")
+    parser.add_argument(
+        "--print-argv",
+        action="store_true",
+        help="print the environment and command serve would run, then exit",
+    )
+    parser.add_argument(
+        "--poll-interval",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="seconds between /health polls while starting (0.05..5, default 1)",
+    )
+    parser.add_argument(
+        "--stop-grace",
+        type=float,
+        default=TERM_GRACE_S,
+        metavar="S",
+        help=f"seconds SGLang gets after a forwarded signal before it is killed "
+        f"(0.1..300, default {TERM_GRACE_S:g}; keep below the unit's TimeoutStopSec)",
+    )
+
+
+def _err(msg: str) -> None:
+    print(f"sglang-dflash serve: {msg}", file=sys.stderr, flush=True)
+
+
+# ---- pure helpers ---------------------------------------------------------------------------
+
+
+def child_command(cfg: InstanceConfig, python: str = sys.executable) -> list[str]:
+    return [python, "-m", "sglang.launch_server", *render_argv(cfg)]
+
+
+def health_host(host: str) -> str:
+    """Where to poll: a wildcard bind address is reached on loopback."""
+    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+
+
+def exit_code(returncode: int) -> int:
+    """A child killed by signal N reports -N; shells and systemd say 128+N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def render_print(cfg: InstanceConfig, python: str = sys.executable) -> str:
+    """The child's command as one shell line: `env [-u VAR] VAR=value ... python -m ...`."""
+    words = ["env"]
+    for k in config_unset_env(cfg):
+        words += ["-u", k]
+    words += [f"{k}={v}" for k, v in sorted(render_env(cfg).items())]
+    return shlex.join(words + child_command(cfg, python))
+
+
+# ---- API key --------------------------------------------------------------------------------
+
+
+def read_api_key(cfg: InstanceConfig, environ: dict[str, str]) -> str | None:
+    """The key from systemd's credential if the unit loaded one, else from apiKeyFile."""
+    if cfg.api_key_file is None:
+        return None
+    source = Path(cfg.api_key_file)
+    cred_dir = environ.get("CREDENTIALS_DIRECTORY")
+    if cred_dir and (Path(cred_dir) / CREDENTIAL_NAME).is_file():
+        source = Path(cred_dir) / CREDENTIAL_NAME
+    try:
+        key = source.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        why = getattr(e, "strerror", None) or e
+        raise ConfigError(f"apiKeyFile: cannot read {source}: {why}") from None
+    if not key or "\n" in key:
+        raise ConfigError(f"apiKeyFile: {source} must hold exactly one non-empty line")
+    return key
+
+
+def write_key_config(key: str, environ: dict[str, str]) -> Path:
+    """SGLang has no env var for its key; its --config YAML keeps it out of /proc/*/cmdline.
+
+    The file goes to the unit's private RuntimeDirectory (or a fresh 0700 temp dir), is
+    created 0600, and serve deletes it once the server is ready.
+    """
+    runtime = environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
+    base = Path(runtime) if runtime else Path(tempfile.mkdtemp(prefix="sglang-dflash-"))
+    path = base / "sglang-api-key.yaml"
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(json.dumps({"api-key": key}) + "\n")  # JSON is valid YAML
+    return path
+
+
+def remove_key_config(path: Path | None) -> None:
+    if path is None:
+        return
+    with contextlib.suppress(OSError):
+        path.unlink()
+    if path.parent.name.startswith("sglang-dflash-") and path.parent.parent == Path(
+        tempfile.gettempdir()
+    ):
+        with contextlib.suppress(OSError):
+            path.parent.rmdir()
+
+
+# ---- the child ------------------------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when serve dies, so no server outlives a killed serve."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class StderrTail:
+    """Copy the child's stderr through to ours (the journal) and keep the last lines."""
+
+    def __init__(self, stream, keep: int = STDERR_TAIL) -> None:
+        self.lines: collections.deque[str] = collections.deque(maxlen=keep)
+        self._stream = stream
+        self._thread = threading.Thread(target=self._pump, daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        for raw in iter(self._stream.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            self.lines.append(line)
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.write(line + "\n")
+                sys.stderr.flush()
+
+    def finish(self, timeout: float = 0.5) -> list[str]:
+        # Grandchildren may hold the pipe open; never wait for them long.
+        self._thread.join(timeout)
+        return list(self.lines)
+
+
+def probe_health(host: str, port: int, timeout: float) -> int | None:
+    """HTTP status of GET /health, or None when nothing answers."""
+    conn = http.client.HTTPConnection(health_host(host), port, timeout=timeout)
+    try:
+        conn.request("GET", "/health")
+        return conn.getresponse().status
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+
+
+def port_in_use(host: str, port: int, timeout: float = 1.0) -> bool:
+    """Something already accepts on host:port: its /health would pass for ours."""
+    try:
+        with socket.create_connection((health_host(host), port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+class Supervisor:
+    """Owns the child process, its stderr tail and the signals aimed at it."""
+
+    def __init__(self, cfg: InstanceConfig, argv: list[str], env: dict[str, str],
+                 grace: float = TERM_GRACE_S) -> None:
+        self.cfg = cfg
+        self.grace = grace
+        self.signalled: int | None = None
+        self.signalled_at = 0.0
+        self.proc = subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            process_group=0,  # our forwarding is the only signal it gets from a terminal
+            preexec_fn=_die_with_parent,
+        )
+        self.tail = StderrTail(self.proc.stderr)
+
+    def forward(self, signum: int, _frame=None) -> None:
+        if self.signalled is None:
+            self.signalled_at = time.monotonic()
+        self.signalled = signum
+        sdnotify.notify("STOPPING=1\nSTATUS=stopping (forwarded signal)")
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(signum)
+
+    def wait_ready(self, interval: float, timeout: float) -> bool | None:
+        """True when healthy, False when the child exited, None on timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                return False
+            if self.signalled is None:
+                status = probe_health(self.cfg.host, self.cfg.port, min(interval, 1.0))
+                if status == 200:
+                    return True
+            elif time.monotonic() - self.signalled_at > self.grace:
+                return None
+            if self.proc.poll() is not None:
+                return False
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=min(interval, remaining))
+
+    def wait_exit(self) -> int:
+        """Wait for the child; once a signal was forwarded, kill it after the grace period."""
+        while True:
+            try:
+                return self.proc.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                if self.signalled is not None and (
+                    time.monotonic() - self.signalled_at > self.grace
+                ):
+                    self.proc.kill()
+
+    def stop(self) -> int:
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.terminate()
+        try:
+            return self.proc.wait(timeout=self.grace)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+def _report_death(sup: Supervisor, when: str) -> None:
+    code = sup.proc.returncode
+    lines = sup.tail.finish()
+    _err(f"SGLang exited with code {exit_code(code)} {when}; its last stderr lines:")
+    for line in lines or ["(no stderr output)"]:
+        print(f"  | {line}", file=sys.stderr)
+    sys.stderr.flush()
+
+
+def supervise(cfg: InstanceConfig, interval: float, environ: dict[str, str],
+              grace: float = TERM_GRACE_S) -> int:
+    cache = environ.get("CACHE_DIRECTORY", "").split(":")[0]
+    if cfg.cache_dir is None and cache:
+        # systemd's CacheDirectory= (the non-NixOS unit leaves cacheDir unset)
+        cfg = dataclasses.replace(cfg, cache_dir=cache)
+    key = read_api_key(cfg, environ)
+    argv = child_command(cfg)
+    env = dict(environ)
+    for k in config_unset_env(cfg):
+        env.pop(k, None)
+    env.update(render_env(cfg))
+    key_path = write_key_config(key, environ) if key is not None else None
+    if key_path is not None:
+        argv += ["--config", str(key_path)]
+    where = f"{cfg.host}:{cfg.port}"
+    if port_in_use(cfg.host, cfg.port):
+        remove_key_config(key_path)
+        _err(f"something already listens on {where}; another instance or a stale server?")
+        return 1
+    try:
+        sup = Supervisor(cfg, argv, env, grace)
+    except OSError as e:
+        remove_key_config(key_path)
+        _err(f"cannot start {argv[0]}: {e.strerror or e}")
+        return 1
+    previous = {s: signal.signal(s, sup.forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        sdnotify.notify(f"STATUS=starting SGLang ({cfg.algorithm}) on {where}", environ)
+        started = time.monotonic()
+        ready = sup.wait_ready(interval, cfg.start_timeout)
+        remove_key_config(key_path)
+        if ready is False:
+            if sup.signalled is not None:
+                sup.tail.finish()
+                return exit_code(sup.proc.returncode)
+            _report_death(sup, "before it was ready")
+            sdnotify.notify("STATUS=SGLang died before it was ready", environ)
+            return exit_code(sup.proc.returncode) or 1
+        if ready is None and sup.signalled is not None:
+            sup.proc.kill()
+            return exit_code(sup.proc.wait())
+        if ready is None:
+            _err(
+                f"SGLang did not answer /health on {where} within startTimeout="
+                f"{cfg.start_timeout}s; stopping it (raise startTimeout for a first start "
+                "that compiles kernels or downloads weights)"
+            )
+            sup.stop()
+            _report_death(sup, "after the start timeout")
+            return 1
+        took = time.monotonic() - started
+        status = f"serving {cfg.served_model_name or cfg.model} ({cfg.algorithm}) on {where}"
+        sdnotify.notify(f"READY=1\nSTATUS={status}", environ)
+        _err(f"ready after {took:.1f}s: {status}")
+        code = sup.wait_exit()
+        if sup.signalled is None:
+            _report_death(sup, "after it was ready")
+            return exit_code(code) or 1
+        sup.tail.finish()
+        return exit_code(code)
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        remove_key_config(key_path)
+        if sup.proc.poll() is None:
+            sup.stop()
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 0.05 <= args.poll_interval <= 5:
+        _err(f"--poll-interval: {args.poll_interval} is outside 0.05..5")
+        return 2
+    if not 0.1 <= args.stop_grace <= 300:
+        _err(f"--stop-grace: {args.stop_grace} is outside 0.1..300")
+        return 2
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as e:
+        _err(f"invalid config: {e}")
+        return 2
+    if args.print_argv:
+        print(render_print(cfg))
+        return 0
+    try:
+        return supervise(cfg, args.poll_interval, dict(os.environ), args.stop_grace)
+    except ConfigError as e:
+        _err(str(e))
+        return 2

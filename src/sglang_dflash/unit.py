@@ -1,0 +1,172 @@
+"""`sglang-dflash unit`: the NixOS module's hardened unit, for hosts that are not NixOS.
+
+The seeds' hosts ran Ubuntu and wrote units by hand. This renders the same unit the module
+renders (the directives come from unit-hardening.json, which the module reads too) pointing
+at a Nix-built sglang-dflash, e.g. one installed with
+`nix profile install --profile /nix/var/nix/profiles/sglang-dflash .#sglang-dflash`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from sglang_dflash.config import ConfigError, InstanceConfig, load_config
+
+DEFAULT_PACKAGE_PATH = "/nix/var/nix/profiles/sglang-dflash"
+DEFAULT_DRIVER_LIB = "/run/opengl-driver/lib"
+START_TIMEOUT_MARGIN_S = 300  # preflight + serve's own startTimeout handling, as a backstop
+
+
+@dataclass(frozen=True)
+class UnitOptions:
+    """Host-specific choices that are not part of the instance config."""
+
+    package_path: str = DEFAULT_PACKAGE_PATH
+    driver_lib_dir: str = DEFAULT_DRIVER_LIB
+    environment_file: str | None = None
+    user: str | None = None
+    group: str | None = None
+
+
+def load_hardening() -> dict[str, Any]:
+    """The shared directives (unit-hardening.json, shipped inside the package)."""
+    text = resources.files("sglang_dflash").joinpath("unit-hardening.json").read_text("utf-8")
+    return json.loads(text)
+
+
+def directive_value(value: Any) -> list[str]:
+    """systemd's spelling of a JSON value: booleans true/false, a list = one line each."""
+    if isinstance(value, bool):
+        return ["true" if value else "false"]
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    return [str(value)]
+
+
+def directive_lines(entries: list[dict[str, Any]]) -> list[str]:
+    return [f"{e['key']}={v}" for e in entries for v in directive_value(e["value"])]
+
+
+def quote_exec_arg(arg: str) -> str:
+    """Quote one word for ExecStart= (systemd.service(5) "Command lines"): % and $ escaped."""
+    escaped = arg.replace("%", "%%").replace("$", "$$")
+    if escaped and not any(c in escaped for c in ' \t\n"\'\\;'):
+        return escaped
+    escaped = escaped.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'
+
+
+def env_line(key: str, value: str) -> str:
+    """One Environment= line, quoted; % is left alone so %S and friends expand."""
+    body = f"{key}={value}".replace("\\", "\\\\").replace('"', '\\"')
+    return f'Environment="{body}"'
+
+
+def unit_name(cfg: InstanceConfig) -> str:
+    return f"sglang-dflash-{cfg.name}.service"
+
+
+def render_unit(cfg: InstanceConfig, config_path: str, opts: UnitOptions) -> str:
+    """The complete unit file text for one instance (pure)."""
+    shared = load_hardening()
+    exe = f"{opts.package_path.rstrip('/')}/bin/sglang-dflash"
+    sub = f"sglang-dflash-{cfg.name}"  # one flat directory per instance, no shared parent
+    lines = [
+        f"# {unit_name(cfg)}: rendered by `sglang-dflash unit` from {config_path}",
+        "# Directives and their reasons: sglang_dflash/unit-hardening.json (shared with the",
+        "# NixOS module services.sglang-dflash). Re-render instead of editing by hand.",
+        "[Unit]",
+        f"Description=SGLang DFlash/DDTree server {cfg.name} ({cfg.algorithm})",
+        "After=network-online.target nvidia-persistenced.service",
+        "Wants=network-online.target",
+        *directive_lines(shared["unit"]),
+        "",
+        "[Service]",
+        *directive_lines(shared["lifecycle"]),
+        f"TimeoutStartSec={cfg.start_timeout + START_TIMEOUT_MARGIN_S}s",
+    ]
+    if opts.user is None:
+        lines.append("DynamicUser=true")
+    else:
+        lines += [f"User={opts.user}", f"Group={opts.group or opts.user}"]
+    lines += [
+        f"StateDirectory={sub}",
+        f"CacheDirectory={sub}",
+        f"RuntimeDirectory={sub}",
+        "StateDirectoryMode=0700",
+        "CacheDirectoryMode=0700",
+        "RuntimeDirectoryMode=0700",
+        f"WorkingDirectory=%S/{sub}",
+        env_line("HOME", f"%S/{sub}"),
+        env_line("LD_LIBRARY_PATH", opts.driver_lib_dir),
+        env_line("TRITON_LIBCUDA_PATH", opts.driver_lib_dir),
+        env_line("PYTHONUNBUFFERED", "1"),
+    ]
+    if opts.environment_file:
+        lines.append(f"EnvironmentFile={opts.environment_file}")
+    if cfg.api_key_file:
+        lines.append(f"LoadCredential=api-key:{cfg.api_key_file}")
+    if cfg.preflight:
+        lines.append(f"ExecStartPre={quote_exec_arg(exe)} check --offline")
+    serve = [exe, "serve", "--config", config_path]
+    lines.append("ExecStart=" + " ".join(quote_exec_arg(a) for a in serve))
+    lines += directive_lines(shared["hardening"])
+    lines += ["", "[Install]", "WantedBy=multi-user.target", ""]
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, metavar="FILE",
+                        help="instance config (JSON); the unit refers to its absolute path")
+    parser.add_argument("--package-path", "--prefix", dest="package_path",
+                        default=DEFAULT_PACKAGE_PATH, metavar="DIR",
+                        help="Nix profile or store path holding bin/sglang-dflash "
+                        f"(default {DEFAULT_PACKAGE_PATH})")
+    parser.add_argument("--driver-lib-dir", default=DEFAULT_DRIVER_LIB, metavar="DIR",
+                        help="directory with the host's libcuda.so.1 and NVIDIA libraries "
+                        f"(default {DEFAULT_DRIVER_LIB}; see docs/service.md)")
+    parser.add_argument("--environment-file", metavar="FILE",
+                        help="EnvironmentFile= for secrets such as HF_TOKEN")
+    parser.add_argument("--user", help="static user (default: DynamicUser)")
+    parser.add_argument("--group", help="static group (default: the user's name)")
+    parser.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+
+
+def _bad(msg: str) -> int:
+    print(f"sglang-dflash unit: {msg}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as e:
+        return _bad(f"invalid config: {e}")
+    for flag, value in (("--package-path", args.package_path),
+                        ("--driver-lib-dir", args.driver_lib_dir),
+                        ("--environment-file", args.environment_file)):
+        if value is not None and not value.startswith("/"):
+            return _bad(f"{flag}: must be an absolute path, got {value!r}")
+    if args.group and not args.user:
+        return _bad("--group needs --user (DynamicUser picks both)")
+    opts = UnitOptions(args.package_path, args.driver_lib_dir, args.environment_file,
+                       args.user, args.group)
+    text = render_unit(cfg, os.path.abspath(args.config), opts)
+    if not Path(opts.package_path, "bin", "sglang-dflash").exists():
+        print(f"sglang-dflash unit: note: {opts.package_path}/bin/sglang-dflash does not exist "
+              "on this machine yet", file=sys.stderr)
+    if args.output:
+        try:
+            Path(args.output).write_text(text, encoding="utf-8")
+        except OSError as e:
+            return _bad(f"--output: cannot write {args.output}: {e.strerror or e}")
+    else:
+        sys.stdout.write(text)
+    return 0
