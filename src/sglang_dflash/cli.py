@@ -23,13 +23,21 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class OneLineErrors(argparse.ArgumentParser):
+    """A usage error is one line on stderr and exit 2, not the whole usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     """Build the top-level parser, importing only the chosen subcommand's module."""
-    parser = argparse.ArgumentParser(prog="sglang-dflash", description=__doc__.splitlines()[0])
+    parser = OneLineErrors(prog="sglang-dflash", description=__doc__.splitlines()[0])
     from sglang_dflash import __version__
 
     parser.add_argument("--version", action="version", version=f"sglang-dflash {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                                parser_class=OneLineErrors)
     chosen = next((a for a in argv if not a.startswith("-")), None)
     for name, (module, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)

@@ -1,0 +1,208 @@
+"""Live layer: a running server is healthy, speculating as expected, and generates.
+
+Standard library HTTP only; every request is bounded by the timeout and the whole
+layer by a deadline, so a dead or stuck server fails in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from sglang_dflash.check.result import Result, failed, passed, skipped
+
+LAYER = "live"
+ALGORITHMS = ("none", "dflash", "ddtree")
+PROMPT_IDS = [1, 2, 3, 4]
+NEW_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class Expectations:
+    """What the server should report; plain values so a config file can fill them."""
+
+    algorithm: str | None = None  # none | dflash | ddtree
+    draft_model: str | None = None
+    ddtree_budget: int | None = None
+
+
+def expectations_from(algorithm: str | None = None, draft_model: str | None = None,
+                      ddtree_budget: int | None = None) -> Expectations:
+    """Validate plain values (from flags or an instance config); ValueError names the bad one."""
+    if algorithm is not None:
+        algorithm = algorithm.lower()
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm {algorithm!r} is not one of {', '.join(ALGORITHMS)}")
+    if ddtree_budget is not None:
+        if isinstance(ddtree_budget, bool) or not isinstance(ddtree_budget, int) \
+                or ddtree_budget < 1:
+            raise ValueError(f"ddtree budget must be a positive integer, got {ddtree_budget!r}")
+        if algorithm not in (None, "ddtree"):
+            raise ValueError(f"a ddtree budget was given but the algorithm is {algorithm}")
+    return Expectations(algorithm, draft_model, ddtree_budget)
+
+
+def parse_url(url: str) -> str:
+    """'http(s)://host:port[/]' -> base URL without trailing slash; ValueError otherwise."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"bad port in {url!r}") from exc
+    if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
+        raise ValueError(f"{url!r} is not http(s)://host:port")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ValueError(f"{url!r} must not have a path (give http(s)://host:port)")
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+class Client:
+    """Tiny JSON client; each request gets min(timeout, time left before the deadline)."""
+
+    def __init__(self, base: str, timeout: float, api_key: str | None, budget: float) -> None:
+        self.base, self.timeout, self.api_key = base, timeout, api_key
+        self.deadline = time.monotonic() + budget
+
+    def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, object]:
+        """(status, parsed JSON or text). Raises OSError/TimeoutError on transport failure."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("live layer time budget spent")
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.base + path, data=data, method=method)
+        req.add_header("Content-Type", "application/json")
+        if self.api_key:
+            req.add_header("Authorization", f"Bearer {self.api_key}")
+        try:
+            with urllib.request.urlopen(req, timeout=min(self.timeout, left)) as resp:
+                status, raw = resp.status, resp.read()
+        except urllib.error.HTTPError as exc:
+            status, raw = exc.code, exc.read()
+        text = raw.decode(errors="replace")
+        try:
+            return status, json.loads(text) if text else None
+        except json.JSONDecodeError:
+            return status, text
+
+
+def transport_error(exc: BaseException, base: str, timeout: float) -> str:
+    reason = getattr(exc, "reason", exc)
+    if isinstance(reason, TimeoutError) or "timed out" in str(reason):
+        return f"no answer from {base} within {timeout:g} s"
+    if isinstance(reason, ConnectionRefusedError):
+        return f"connection refused by {base} (nothing listening)"
+    return f"cannot reach {base}: {reason}"
+
+
+def is_none_algorithm(value: object) -> bool:
+    return value is None or str(value).upper() in ("", "NONE")
+
+
+def evaluate_server_info(info: dict, exp: Expectations) -> list[Result]:
+    """Pure: the server's reported speculation settings against the expectations."""
+    out = []
+    algo = info.get("speculative_algorithm")
+    if exp.algorithm is None:
+        out.append(passed(LAYER, "algorithm", f"server reports speculative_algorithm={algo} "
+                          "(no expectation given)"))
+    elif exp.algorithm == "none":
+        if is_none_algorithm(algo):
+            out.append(passed(LAYER, "algorithm", f"no speculation ({algo}) as expected"))
+        else:
+            out.append(failed(LAYER, "algorithm", f"server speculates with {algo}, expected "
+                              "none", "restart the server without --speculative-algorithm"))
+    elif str(algo).upper() != "DFLASH":  # ServerArgs keeps the spelling it was given
+        out.append(failed(LAYER, "algorithm", f"server reports speculative_algorithm={algo}, "
+                          f"expected DFLASH ({exp.algorithm})",
+                          "start it with --speculative-algorithm DFLASH"))
+    else:
+        out.append(passed(LAYER, "algorithm", f"speculative_algorithm=DFLASH ({exp.algorithm})"))
+    if exp.draft_model is not None:
+        draft = info.get("speculative_draft_model_path")
+        if draft == exp.draft_model:
+            out.append(passed(LAYER, "draft_model", f"draft model {draft}"))
+        else:
+            out.append(failed(LAYER, "draft_model", f"draft model {draft}, expected "
+                              f"{exp.draft_model}", "start it with "
+                              f"--speculative-draft-model-path {exp.draft_model}"))
+    if exp.ddtree_budget is not None:
+        width = info.get("speculative_num_draft_tokens")
+        want = exp.ddtree_budget + 1
+        if width == want:
+            out.append(passed(LAYER, "ddtree_budget", f"verify width {width} = budget "
+                              f"{exp.ddtree_budget} + 1 (DDTree active)"))
+        else:
+            out.append(failed(LAYER, "ddtree_budget", f"speculative_num_draft_tokens={width}, "
+                              f"expected budget {exp.ddtree_budget} + 1 = {want}",
+                              "check that the DDTree plugin is installed and the budget is set "
+                              "(--speculative-ddtree-budget)"))
+    return out
+
+
+def evaluate_generation(status: int, body: object, speculative: bool) -> list[Result]:
+    """Pure: the /generate answer has 8 tokens and, when speculating, acceptance stats."""
+    if status != 200 or not isinstance(body, dict):
+        return [failed(LAYER, "generate", f"POST /generate answered {status}: "
+                       f"{str(body)[:200]}", "read the server log")]
+    ids = body.get("output_ids") or []
+    out = []
+    if len(ids) != NEW_TOKENS:
+        out.append(failed(LAYER, "generate", f"got {len(ids)} output ids, expected {NEW_TOKENS}",
+                          "read the server log"))
+    else:
+        out.append(passed(LAYER, "generate", f"{NEW_TOKENS} tokens generated (greedy)"))
+    if speculative:
+        meta = body.get("meta_info") or {}
+        ct, acc = meta.get("spec_verify_ct"), meta.get("spec_accept_length")
+        if not isinstance(ct, (int, float)) or ct <= 0 or acc is None:
+            out.append(failed(LAYER, "speculation", f"no speculation statistics in meta_info "
+                              f"(spec_verify_ct={ct}, spec_accept_length={acc})",
+                              "the server is not speculating; check its flags and log"))
+        else:
+            out.append(passed(LAYER, "speculation", f"spec_verify_ct={ct}, accept length "
+                              f"{acc:.2f}"))
+    return out
+
+
+def run_layer(url: str | None, exp: Expectations, timeout: float, api_key: str | None,
+              offline: bool) -> list[Result]:
+    if offline:
+        return [skipped(LAYER, "all", "--offline: no network in this mode")]
+    if url is None:
+        return [skipped(LAYER, "all", "no --url given")]
+    base = parse_url(url)
+    client = Client(base, timeout, api_key, budget=4 * timeout + 1)
+    try:
+        status, _ = client.request("GET", "/health")
+    except (OSError, TimeoutError) as exc:
+        return [failed(LAYER, "health", transport_error(exc, base, timeout),
+                       "start the server, or check --url")]
+    if status != 200:
+        return [failed(LAYER, "health", f"GET /health answered {status} (not ready or unhealthy)",
+                       "wait for startup to finish, or read the server log")]
+    out = [passed(LAYER, "health", f"GET {base}/health 200")]
+    try:
+        status, info = client.request("GET", "/server_info")
+        if status == 404:
+            status, info = client.request("GET", "/get_server_info")
+        if status == 401:
+            return [*out, failed(LAYER, "server_info", "401 unauthorized",
+                                 "pass the server's key with --api-key-file")]
+        if status != 200 or not isinstance(info, dict):
+            return [*out, failed(LAYER, "server_info", f"GET /server_info answered {status}",
+                                 "read the server log")]
+        out += evaluate_server_info(info, exp)
+        speculative = not is_none_algorithm(info.get("speculative_algorithm"))
+        status, body = client.request("POST", "/generate", {
+            "input_ids": PROMPT_IDS,
+            "sampling_params": {"temperature": 0, "max_new_tokens": NEW_TOKENS,
+                                "ignore_eos": True}})
+        out += evaluate_generation(status, body, speculative)
+    except (OSError, TimeoutError) as exc:
+        out.append(failed(LAYER, "request", transport_error(exc, base, timeout),
+                          "the server stopped answering; read its log"))
+    return out

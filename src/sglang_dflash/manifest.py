@@ -1,0 +1,237 @@
+"""The overlay manifest: pins + required modules + file hashes + entry point.
+
+`overlay.toml` (data) and `pins.toml` say what the overlay is; this module turns
+them and the overlay's files into `manifest.json`, which is committed and installed
+with the package so `sglang-dflash check` can verify an installation against it.
+`sglang-dflash manifest --write` regenerates it; `--check` exits 1 naming what is stale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from sglang_dflash.pins import Pins, load_pins
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+OVERLAY_FILE = "overlay.toml"
+MANIFEST_FILE = "manifest.json"
+SCHEMA = 1
+FIX_STALE = "run `sglang-dflash manifest --write` and commit src/sglang_dflash/manifest.json"
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    group: str
+    name: str
+    value: str
+
+    @property
+    def module(self) -> str:
+        return self.value.split(":", 1)[0]
+
+
+@dataclass(frozen=True)
+class Patch:
+    patch: str
+    changes: list[str]
+
+
+@dataclass(frozen=True)
+class Overlay:
+    """overlay.toml, typed."""
+
+    required_modules: list[str]
+    entry_point: EntryPoint
+    file_globs: list[str]
+    patches: list[Patch]
+    extensions: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """manifest.json, typed; what the check reads."""
+
+    pins: dict
+    required_modules: list[str]
+    entry_point: EntryPoint
+    overlay_globs: list[str]
+    overlay_files: dict[str, str]  # path relative to sglang_dflash -> sha256 hex
+    patches: list[dict] = field(default_factory=list)
+    patched_files: dict[str, str] = field(default_factory=dict)  # sglang-relative -> sha256
+    extensions: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        data = {"schema": SCHEMA, "generated_by": "sglang-dflash manifest --write", **asdict(self)}
+        return json.dumps(data, indent=2, sort_keys=False) + "\n"
+
+
+def parse_overlay(text: str) -> Overlay:
+    data = tomllib.loads(text)
+    ov = data["overlay"]
+    return Overlay(
+        required_modules=list(data["sglang"]["required_modules"]),
+        entry_point=EntryPoint(**data["entry_point"]),
+        file_globs=list(ov["files"]),
+        patches=[Patch(p["patch"], list(p["changes"])) for p in ov.get("patches", [])],
+        extensions=dict(data.get("extensions", {})),
+    )
+
+
+def parse_manifest(text: str) -> Manifest:
+    """Parse manifest.json; raises ValueError naming what is wrong."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc}") from exc
+    if data.get("schema") != SCHEMA:
+        raise ValueError(f"schema {data.get('schema')!r}, expected {SCHEMA}")
+    try:
+        return Manifest(
+            pins=data["pins"],
+            required_modules=list(data["required_modules"]),
+            entry_point=EntryPoint(**data["entry_point"]),
+            overlay_globs=list(data["overlay_globs"]),
+            overlay_files=dict(data["overlay_files"]),
+            patches=list(data.get("patches", [])),
+            patched_files=dict(data.get("patched_files", {})),
+            extensions=dict(data.get("extensions", {})),
+        )
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"missing or malformed field {exc}") from exc
+
+
+def load_manifest(path: Path | None = None) -> Manifest:
+    """The manifest installed with this package (or `path`)."""
+    return parse_manifest((path or PACKAGE_DIR / MANIFEST_FILE).read_text())
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def glob_files(root: Path, globs: list[str]) -> list[str]:
+    """Files under root matching the globs, as sorted posix paths relative to root."""
+    found: set[str] = set()
+    for pattern in globs:
+        for p in root.glob(pattern):
+            if p.is_file() and "__pycache__" not in p.parts:
+                found.add(p.relative_to(root).as_posix())
+    return sorted(found)
+
+
+def build_manifest(pins: Pins, overlay: Overlay, root: Path,
+                   patched_root: Path | None = None) -> Manifest:
+    """Compute the manifest from the pins, overlay.toml and the files on disk."""
+    files = {rel: sha256_file(root / rel) for rel in glob_files(root, overlay.file_globs)}
+    patches, patched = [], {}
+    for p in overlay.patches:
+        patches.append({"patch": p.patch, "sha256": sha256_file(root / p.patch),
+                        "changes": p.changes})
+        if p.changes and patched_root is None:
+            raise ValueError(f"patch {p.patch} changes files: give --patched-root")
+        for rel in p.changes:
+            patched[rel] = sha256_file(patched_root / rel)
+    return Manifest(
+        pins=asdict(pins),
+        required_modules=overlay.required_modules,
+        entry_point=overlay.entry_point,
+        overlay_globs=overlay.file_globs,
+        overlay_files=files,
+        patches=patches,
+        patched_files=patched,
+        extensions=overlay.extensions,
+    )
+
+
+def _diff_keys(label: str, old: dict, new: dict) -> list[str]:
+    out = [f"{label} added: {k}" for k in sorted(new.keys() - old.keys())]
+    out += [f"{label} removed: {k}" for k in sorted(old.keys() - new.keys())]
+    out += [f"{label} changed: {k}" for k in sorted(old.keys() & new.keys()) if old[k] != new[k]]
+    return out
+
+
+def stale_reasons(committed: Manifest, fresh: Manifest) -> list[str]:
+    """What differs between the committed manifest and a fresh one; empty if up to date."""
+    out = _diff_keys("pin", _flat(committed.pins), _flat(fresh.pins))
+    if committed.required_modules != fresh.required_modules:
+        out.append("required_modules differ from overlay.toml")
+    if committed.entry_point != fresh.entry_point:
+        out.append("entry_point differs from overlay.toml")
+    if committed.overlay_globs != fresh.overlay_globs:
+        out.append("overlay file globs differ from overlay.toml")
+    if committed.extensions != fresh.extensions:
+        out.append("extensions differ from overlay.toml")
+    out += _diff_keys("overlay file", committed.overlay_files, fresh.overlay_files)
+    if committed.patches != fresh.patches:
+        out.append("patches differ from overlay.toml / patch files")
+    out += _diff_keys("patched file", committed.patched_files, fresh.patched_files)
+    return out
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--write", action="store_true",
+                        help="regenerate manifest.json from pins.toml, overlay.toml and the files")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 naming what is stale if manifest.json is out of date")
+    parser.add_argument("--root", type=Path, default=PACKAGE_DIR,
+                        help="the sglang_dflash package directory (default: this one)")
+    parser.add_argument("--patched-root", type=Path, default=None,
+                        help="site dir holding the patched sglang (only when patches exist)")
+
+
+def run(args: argparse.Namespace) -> int:
+    root: Path = args.root
+    try:
+        overlay = parse_overlay((root / OVERLAY_FILE).read_text())
+        fresh = build_manifest(load_pins(), overlay, root, args.patched_root)
+    except (OSError, ValueError, KeyError, tomllib.TOMLDecodeError) as exc:
+        print(f"sglang-dflash manifest: {exc}", file=sys.stderr)
+        return 2
+    target = root / MANIFEST_FILE
+    if args.write:
+        text = fresh.to_json()
+        if not target.exists() or target.read_text() != text:
+            target.write_text(text)
+            print(f"wrote {target} ({len(fresh.overlay_files)} overlay files)")
+        else:
+            print(f"{target} already up to date")
+        return 0
+    if args.check:
+        try:
+            committed = load_manifest(target)
+        except FileNotFoundError:
+            print(f"STALE {target}: missing — fix: {FIX_STALE}")
+            return 1
+        except ValueError as exc:
+            print(f"STALE {target}: {exc} — fix: {FIX_STALE}")
+            return 1
+        reasons = stale_reasons(committed, fresh)
+        for r in reasons:
+            print(f"STALE {target}: {r}")
+        if reasons:
+            print(f"fix: {FIX_STALE}")
+            return 1
+        print(f"{target} is up to date")
+        return 0
+    print(fresh.to_json(), end="")
+    return 0
