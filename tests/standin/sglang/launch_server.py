@@ -203,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: os._exit(term_code))
     time.sleep(_env_float("STANDIN_BIND_DELAY", 0.0))
     state = State(args)
+    ThreadingHTTPServer.request_queue_size = 128  # the default 5 drops concurrent benches
     httpd = ThreadingHTTPServer((args.host, args.port), make_handler(state))
     httpd.daemon_threads = True
     threading.Thread(target=httpd.serve_forever, daemon=True).start()

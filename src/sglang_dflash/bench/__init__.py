@@ -1,0 +1,1 @@
+"""`sglang-dflash bench`: measure a server, or sweep server configurations, over HTTP."""

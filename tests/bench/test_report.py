@@ -1,0 +1,105 @@
+"""Rendering: tables, the JSON document, the progress line, and the plot's series."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from sglang_dflash.bench import plot
+from sglang_dflash.bench.command import Status
+from sglang_dflash.bench.report import (
+    ConfigResult,
+    comparison_table,
+    document,
+    progress_line,
+    render_table,
+    summary_table,
+)
+from sglang_dflash.bench.stats import RequestRecord, compare, summarize
+
+
+def summ(config, conc, tokens, acc=None):
+    r = RequestRecord(config, conc, 0, ok=True, latency=1.0, ttft=0.1, output_tokens=tokens,
+                      itl=[0.01], spec_accept_length=acc)
+    return summarize(config, conc, [r], duration_s=1.0)
+
+
+def test_render_table_aligns_columns():
+    out = render_table(["name", "n"], [["a", "1"], ["longer", "100"]]).splitlines()
+    assert out[0] == "name      n"
+    assert out[2] == "a         1"
+    assert out[3] == "longer  100"
+
+
+def test_summary_and_comparison_tables_show_values_and_ratios():
+    ss = [summ("base", 1, 100, 2.0), summ("new", 1, 124, 3.0)]
+    t = summary_table(ss)
+    assert "100.0" in t and "124.0" in t and "1/1" in t and "3.00" in t
+    c = comparison_table(compare(ss, "base"))
+    assert "1.24" in c and "1.50" in c
+    assert summary_table([summarize("x", 1, [RequestRecord("x", 1, 0, ok=False)], 1.0)]).count(
+        "-/-/-") == 3
+
+
+def test_document_is_json_and_round_trips_records():
+    ss = [summ("base", 1, 10)]
+    recs = [RequestRecord("base", 1, 0, ok=True, itl=[0.5])]
+    doc = document(machine={"hostname": "h"}, argv=["bench"], interrupted=True,
+                   baseline="base", configs=[ConfigResult("base", {"a": 1})], summaries=ss,
+                   comparisons=compare(ss, "base"), records=recs)
+    back = json.loads(json.dumps(doc))
+    assert back["interrupted"] is True and back["records"][0]["itl"] == [0.5]
+    assert back["summaries"][0]["output_tokens"] == 10
+    assert back["schema"] == "sglang-dflash-bench/1"
+
+
+def test_progress_line():
+    assert progress_line("x", 5, 10, 1.25, width=10) == "x [#####-----] 5/10 1.2s"
+    assert progress_line("x", 0, 0, 0.0, width=4) == "x [----] 0/0 0.0s"
+
+
+def test_plot_series_against_budget():
+    cfgs = [ConfigResult(f"b{b}", {"algorithm": "ddtree", "ddtree.budget": b})
+            for b in (64, 16)]
+    ss = [summ("b64", 1, 200, 4.0), summ("b16", 1, 100, 3.0), summ("b64", 8, 50, 4.0)]
+    x_name, data = plot.series(cfgs, ss)
+    assert x_name == "ddtree.budget"
+    assert data["algorithm=ddtree c=1"] == [(16, 100.0, 3.0), (64, 200.0, 4.0)]
+    assert data["algorithm=ddtree c=8"] == [(64, 50.0, 4.0)]
+
+
+def test_plot_series_without_a_budget_sweep_uses_labels():
+    x_name, data = plot.series([ConfigResult("u", {})], [summ("u", 1, 10)])
+    assert x_name == "configuration" and data == {"c=1": [("u", 10.0, None)]}
+
+
+def test_write_plot_makes_a_png(tmp_path):
+    try:
+        plot.require_matplotlib()
+    except ImportError:
+        pytest.skip("matplotlib is not installed (the bench extra)")
+    cfgs = [ConfigResult(f"b{b}", {"ddtree.budget": b}) for b in (16, 32)]
+    out = tmp_path / "p.png"
+    plot.write_plot(str(out), cfgs, [summ("b16", 1, 10, 2.0), summ("b32", 1, 20, None)])
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("stream, quiet, bar", [
+    (_Tty, False, True), (_Tty, True, False), (io.StringIO, False, False)])
+def test_progress_bar_only_on_a_terminal_and_not_quiet(stream, quiet, bar):
+    out = stream()
+    st = Status(quiet, out)
+    st.progress("x [##--] 1/2 0.1s")
+    st.say("done")
+    text = out.getvalue()
+    assert ("\rx [##--]" in text) == bar
+    assert ("bench: done" in text) == (not quiet)
+    st.error("boom")
+    assert out.getvalue().endswith("sglang-dflash bench: boom\n")
