@@ -3,12 +3,13 @@
 
 Reads uv.lock, selects the closure of this project's `gpu` extra for CPython 3.12 on
 manylinux x86_64, leaves out what the host already has (its torch/triton and the CUDA
-libraries its torch brings) and the optional heavy wheels that SGLang does not import at
-startup with the triton/flashinfer attention backends, downloads each wheel (sha256 from the
-lock, cached), builds this project's wheel, unpacks everything into ONE directory (applying
-overlays/patches/sglang-<ver>/*.patch to the unpacked sglang, as the Nix overlay does), packs
-a gzip tarball and splits it into parts small enough to carry to the device one call at a
-time. Standard library only. See docs/gpu-staging.md.
+libraries its torch brings; any package on --host-packages unless pins.toml, a shipped
+wheel's requirement or --ship needs the locked version) and the optional heavy wheels that
+SGLang does not import at startup with the triton/flashinfer attention backends, downloads
+each wheel (sha256 from the lock, cached), builds this project's wheel, unpacks everything
+into ONE directory (applying overlays/patches/sglang-<ver>/*.patch to the unpacked sglang, as
+the Nix overlay does), packs a gzip tarball and splits it into parts small enough to carry to
+the device one call at a time. Standard library only. See docs/gpu-staging.md.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import time
 import tomllib
 import urllib.request
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -134,9 +135,55 @@ class Excluded:
 
 
 @dataclass
+class HostDecision:
+    """Why a locked package that the host also has travels anyway, or is left to the host."""
+
+    name: str
+    version: str  # uv.lock's
+    action: str  # "host" (not shipped, the host's copy is used) or "ship"
+    reason: str
+
+
+@dataclass
 class Plan:
     selected: list[Selected]
     excluded: list[Excluded]
+    host_decisions: list[HostDecision] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Req:
+    """One applicable requirement of a wheel's Requires-Dist: name and specifier (may be "")."""
+
+    name: str
+    spec: str
+
+    @property
+    def exact(self) -> bool:
+        """`==` (wildcards too), `===` or `~=`: the wheel wants one release (series)."""
+        return any(c.strip()[:2] in ("==", "~=") for c in self.spec.split(","))
+
+
+@dataclass(frozen=True)
+class HostPackages:
+    """The host image's distributions (normalised names) and the versions known of them."""
+
+    names: frozenset[str]
+    versions: dict[str, str]
+
+    def judge(self, req: Req) -> str | None:
+        """Why the host's copy cannot serve `req`, or None when it can (or may).
+
+        An exact pin needs a known host version that satisfies it; any other specifier fails
+        only when the host's version is known and outside it.
+        """
+        have = self.versions.get(req.name)
+        if have is None:
+            return f"exact pin {req.spec} (host version unknown)" if req.exact else None
+        if satisfies(have, req.spec):
+            return None
+        kind = "exact pin" if req.exact else "requires"
+        return f"{kind} {req.spec} (host has {have})"
 
 
 class StageError(Exception):
@@ -292,6 +339,126 @@ def pick_wheel(pkg: Package, target: Target) -> Wheel | None:
     return max(ranked, key=lambda rw: rw[0])[1] if ranked else None
 
 
+# ---------------------------------------------------------------- host list, Requires-Dist
+
+
+def parse_host_packages(text: str) -> HostPackages:
+    """`name` or `name==version` per line (`pip list --format=freeze` output reads as is; its
+    `name @ URL` lines give a name only); `#` starts a comment."""
+    names, versions = set(), {}
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = re.fullmatch(
+            r"([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:==\s*([A-Za-z0-9.+!*-]+)|\s@\s+\S+)?", line
+        )
+        if not m:
+            raise StageError(f"host package list line {n}: cannot parse {raw.strip()!r}")
+        name = normalize(m.group(1))
+        names.add(name)
+        if m.group(2):
+            versions[name] = m.group(2)
+    if not names:
+        raise StageError("host package list names no package")
+    return HostPackages(frozenset(names), versions)
+
+
+def metadata_headers(text: str, key: str) -> list[str]:
+    """The values of header `key` in a METADATA file (the part before the body)."""
+    head = text.replace("\r\n", "\n").split("\n\n", 1)[0]
+    prefix = key.lower() + ":"
+    return [ln[len(prefix) :].strip() for ln in head.splitlines() if ln.lower().startswith(prefix)]
+
+
+_REQ = re.compile(
+    r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*\(?([^;()]*)\)?\s*(?:;(.*))?$"
+)
+_PHASE = {"dev": 0, "a": 1, "alpha": 1, "b": 2, "beta": 2, "c": 3, "rc": 3, "": 4, "post": 5}
+
+
+def version_key(v: str) -> tuple:
+    """A sort key for the PEP 440 versions met here (release, dev/a/b/rc < final < post)."""
+    m = re.match(r"v?(\d+(?:\.\d+)*)[._-]?(dev|alpha|beta|a|b|c|rc|post)?[._-]?(\d*)", v.strip())
+    if not m:
+        raise StageError(f"cannot read version {v!r}")
+    release = tuple(int(x) for x in m.group(1).split("."))
+    release += (0,) * (8 - len(release))
+    return release, _PHASE[m.group(2) or ""], int(m.group(3) or 0)
+
+
+def satisfies(version: str, spec: str) -> bool:
+    """Does `version` meet every clause of a PEP 440 specifier such as `>=1.2,<2` or `~=1.4.2`?"""
+    key = version_key(version)
+    for clause in (c.strip() for c in spec.split(",")):
+        if not clause:
+            continue
+        m = re.fullmatch(r"(===|==|!=|~=|<=|>=|<|>)\s*(\S+)", clause)
+        if not m:
+            raise StageError(f"cannot read specifier {clause!r}")
+        op, rhs = m.groups()
+        if op == "===":
+            ok = version == rhs
+        elif rhs.endswith(".*"):
+            prefix = tuple(int(x) for x in rhs[:-2].split("."))
+            hit = key[0][: len(prefix)] == prefix
+            ok = hit if op == "==" else not hit
+        elif op == "~=":
+            parts = rhs.split(".")
+            upper = tuple(int(x) for x in parts[:-1])
+            ok = key >= version_key(rhs) and key[0][: len(upper)] == upper
+        else:
+            r = version_key(rhs)
+            ok = {
+                "==": key == r,
+                "!=": key != r,
+                "<": key < r,
+                "<=": key <= r,
+                ">": key > r,
+                ">=": key >= r,
+            }[op]
+        if not ok:
+            return False
+    return True
+
+
+def requirements(
+    requires: Iterable[str], env: dict[str, str], extras: Iterable[str] = ()
+) -> list[Req]:
+    """The requirements that apply in `env` with `extras` requested.
+
+    A marker this evaluator cannot read counts as applying: a pin is never silently lost.
+    """
+    out = []
+    for req in requires:
+        m = _REQ.match(req)
+        if not m:
+            raise StageError(f"cannot parse requirement {req!r}")
+        name, spec, marker = normalize(m.group(1)), m.group(3).strip(), (m.group(4) or "").strip()
+        if marker:
+            applies = False
+            for extra in ("", *extras):
+                try:
+                    applies = eval_marker(marker, dict(env, extra=extra))
+                except StageError:
+                    applies = True
+                if applies:
+                    break
+            if not applies:
+                continue
+        out.append(Req(name, spec))
+    return out
+
+
+def wheel_requires(whl: Path) -> list[str]:
+    """Requires-Dist of a wheel's top-level .dist-info/METADATA."""
+    with zipfile.ZipFile(whl) as z:
+        md = [n for n in z.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)]
+        if len(md) != 1:
+            raise StageError(f"{whl.name}: {len(md)} .dist-info/METADATA files")
+        return metadata_headers(z.read(md[0]).decode("utf-8", "replace"), "Requires-Dist")
+
+
 # ---------------------------------------------------------------- the lock
 
 
@@ -387,10 +554,89 @@ def host_provided(packages: list[Package], env: dict[str, str]) -> dict[str, str
     return reasons
 
 
+def requested_extras(packages: Iterable[Package], names: Iterable[str]) -> dict[str, set[str]]:
+    """name -> the extras any of `names`' lock dependencies ask of it."""
+    by_name = {p.name: p for p in packages}
+    out: dict[str, set[str]] = {}
+    for n in names:
+        pkg = by_name[n]
+        for d in (*pkg.deps, *(d for ds in pkg.optional.values() for d in ds)):
+            if d.extras:
+                out.setdefault(d.name, set()).update(d.extras)
+    return out
+
+
+def host_selection(
+    candidates: dict[str, str],
+    shipped_via: Callable[[set[str]], set[str]],
+    requires: dict[str, list[str]],
+    host: HostPackages,
+    pinned: set[str],
+    ship: set[str],
+    env: dict[str, str],
+    extras: dict[str, set[str]],
+) -> tuple[set[str], list[HostDecision]]:
+    """Which `candidates` (name -> locked version) are left to the host's copy.
+
+    A candidate on the host is left to it unless it is in pins.toml (`pinned`), named by
+    --ship, or a shipped wheel's Requires-Dist rules the host's copy out (HostPackages.judge:
+    an exact pin the listed host version does not prove, or a range the listed version misses).
+    `shipped_via(left_to_host)` is the set that then ships; its wheels' requirements may force
+    more to ship, so this runs to a fixpoint (the host set only shrinks).
+    Returns (names left to the host, one decision per candidate on the host).
+    """
+    forced: dict[str, str] = {}
+    for n in sorted(pinned & set(candidates) & host.names):
+        have = host.versions.get(n, "an unknown version")
+        forced[n] = f"pinned in pins.toml [distributions] (host has {have})"
+    for n in sorted(ship & set(candidates) & host.names):
+        forced.setdefault(n, "--ship")
+    while True:
+        to_host = {n for n in candidates if n in host.names and n not in forced}
+        shipped = shipped_via(to_host)
+        proven: dict[str, list[str]] = {}
+        new: dict[str, str] = {}
+        for src in sorted(shipped):
+            for req in requirements(requires.get(src, ()), env, extras.get(src, ())):
+                if req.name not in to_host:
+                    continue
+                why = host.judge(req)
+                if why:
+                    new.setdefault(req.name, f"{why} by {src}")
+                elif req.exact:
+                    proven.setdefault(req.name, []).append(f"{src} pins {req.spec}")
+        if not new:
+            break
+        forced.update(new)
+    decisions = []
+    for n in sorted(n for n in candidates if n in host.names):
+        if n in forced:
+            decisions.append(HostDecision(n, candidates[n], "ship", forced[n]))
+            continue
+        have = host.versions.get(n)
+        reason = "on the host" + (f" at {have}" if have else " (version not listed)")
+        if n in proven:
+            reason += "; proven for " + ", ".join(proven[n])
+        decisions.append(HostDecision(n, candidates[n], "host", reason))
+    return to_host, decisions
+
+
 def make_plan(
-    packages: list[Package], target: Target, env: dict[str, str], keep: set[str] = frozenset()
+    packages: list[Package],
+    target: Target,
+    env: dict[str, str],
+    keep: set[str] = frozenset(),
+    host: HostPackages | None = None,
+    pinned: set[str] = frozenset(),
+    ship: set[str] = frozenset(),
+    requires: dict[str, list[str]] | None = None,
 ) -> Plan:
-    """What ships and what does not (with a reason for each package left out)."""
+    """What ships and what does not (with a reason for each package left out).
+
+    With `host`, locked packages the host image also has are left to it (host_selection);
+    `requires` (name -> Requires-Dist) should hold every package that ships, else its exact
+    pins are not seen: stage() loops until it does.
+    """
     roots = project_roots(packages)
     full = closure(packages, roots, env)
     rules = host_provided(packages, env)
@@ -401,6 +647,22 @@ def make_plan(
             if n not in keep
         }
     )
+    decisions: list[HostDecision] = []
+    if host is not None:
+        base = closure(packages, roots, env, stop=set(rules))
+        candidates = {n: p.version for n, (p, _) in base.items()}
+
+        def shipped_via(to_host: set[str]) -> set[str]:
+            return set(closure(packages, roots, env, stop=set(rules) | to_host))
+
+        extras = requested_extras(packages, base)
+        extras.update({d.name: set(d.extras) | extras.get(d.name, set()) for d in roots})
+        _, decisions = host_selection(
+            candidates, shipped_via, requires or {}, host, pinned, ship, env, extras
+        )
+        for d in decisions:
+            if d.action == "host":
+                rules[d.name] = d.reason + f"; uv.lock has {d.version}, the host's copy is used"
     kept = closure(packages, roots, env, stop=set(rules))
     selected, excluded = [], []
     for name, (pkg, via) in sorted(full.items()):
@@ -420,7 +682,11 @@ def make_plan(
                 f"{target.max_glibc_minor})"
             )
         selected.append(Selected(name, pkg.version, wheel, sorted(kept[name][1])))
-    return Plan(selected, excluded)
+    for d in decisions:
+        if d.action == "ship" and d.name not in kept:
+            d.action = "host"
+            d.reason += "; but only packages left to the host need it, so it does not travel"
+    return Plan(selected, excluded, decisions)
 
 
 # ---------------------------------------------------------------- I/O: fetch, build, unpack
@@ -612,9 +878,67 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help=f"keep {FLASH_OPS_GLOB} (the FA3 backend, 1.1 GB unpacked)",
     )
+    ap.add_argument(
+        "--host-packages",
+        type=Path,
+        default=here / "scripts" / "h200-host-packages.txt",
+        metavar="FILE",
+        help="distributions the host image has (name or name==version a line); those are not "
+        "shipped unless pinned (default: scripts/h200-host-packages.txt)",
+    )
+    ap.add_argument(
+        "--no-host-packages",
+        action="store_true",
+        help="ship every locked package the host's torch does not bring (the old behaviour)",
+    )
+    ap.add_argument(
+        "--ship",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="ship a package the host also has, at the locked version (repeatable)",
+    )
     ap.add_argument("--gzip-level", type=int, default=6)
     ap.add_argument("--plan-only", action="store_true", help="print the plan as JSON and stop")
     return ap.parse_args(argv)
+
+
+def read_pinned(repo: Path) -> set[str]:
+    """The distributions of pins.toml [distributions]: they always travel at the locked version."""
+    pins = repo / "src" / "sglang_dflash" / "pins.toml"
+    try:
+        data = tomllib.loads(pins.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise StageError(f"{pins}: {e}") from e
+    dists = data.get("distributions")
+    if not isinstance(dists, dict) or not dists:
+        raise StageError(f"{pins}: no [distributions] table")
+    return {normalize(n) for n in dists}
+
+
+def plan_with_host(
+    args: argparse.Namespace, packages: list[Package], target: Target, keep: set[str]
+) -> Plan:
+    """make_plan with the host list; fetches each shipping wheel (cached) to read its exact
+    pins, re-planning until every shipping wheel's Requires-Dist has been read."""
+    try:
+        host = parse_host_packages(args.host_packages.read_text())
+    except OSError as e:
+        raise StageError(f"--host-packages {args.host_packages}: {e.strerror}") from e
+    ship = {normalize(n) for n in args.ship}
+    unknown = ship - host.names
+    if unknown:
+        raise StageError(f"--ship {', '.join(sorted(unknown))}: not in {args.host_packages}")
+    pinned = read_pinned(args.repo)
+    requires: dict[str, list[str]] = {}
+    while True:
+        plan = make_plan(packages, target, HOST_ENV, keep, host, pinned, ship, requires)
+        todo = [s for s in plan.selected if s.name not in requires]
+        if not todo or not any(d.action == "host" for d in plan.host_decisions):
+            return plan  # nothing left to the host: no requirement can change that
+        for s in todo:
+            path, _ = fetch(s.wheel, args.cache)
+            requires[s.name] = wheel_requires(path)
 
 
 def stage(args: argparse.Namespace) -> dict:
@@ -629,15 +953,20 @@ def stage(args: argparse.Namespace) -> dict:
     unknown = {normalize(k) for k in args.keep} - set(OPTIONAL_HEAVY)
     if unknown:
         raise StageError(f"--keep {', '.join(sorted(unknown))}: not an optional exclusion")
-    plan = make_plan(packages, target, HOST_ENV, {normalize(k) for k in args.keep})
+    keep = {normalize(k) for k in args.keep}
+    args.cache.mkdir(parents=True, exist_ok=True)
+    if args.no_host_packages:
+        plan = make_plan(packages, target, HOST_ENV, keep)
+    else:
+        plan = plan_with_host(args, packages, target, keep)
     if args.plan_only:
         return {
             "selected": [asdict(s) for s in plan.selected],
             "excluded": [asdict(e) for e in plan.excluded],
+            "host_decisions": [asdict(d) for d in plan.host_decisions],
         }
 
     out = args.out or args.repo / ".stage"
-    args.cache.mkdir(parents=True, exist_ok=True)
     downloaded = 0
     paths = []
     for s in plan.selected:
@@ -695,6 +1024,14 @@ def stage(args: argparse.Namespace) -> dict:
             for s in plan.selected
         ],
         "excluded": [asdict(e) for e in plan.excluded],
+        "host_packages": None
+        if args.no_host_packages
+        else {
+            "file": str(args.host_packages),
+            "sha256": sha256_file(args.host_packages),
+            "ship": sorted(normalize(n) for n in args.ship),
+            "decisions": [asdict(d) for d in plan.host_decisions],
+        },
         "dropped_files": [{"path": p, "size": n, "reason": FLASH_OPS_REASON} for p, n in dropped],
         "skipped_wheel_data": skipped,
         "patches_applied": patches,
@@ -726,7 +1063,15 @@ def stage(args: argparse.Namespace) -> dict:
 
 def summary(m: dict) -> str:
     s = m["sizes"]
-    lines = [f"excluded {len(m['excluded'])}:"]
+    decisions = (m.get("host_packages") or {}).get("decisions", [])
+    lines = [f"on the host too ({len(decisions)}):"]
+    lines += [
+        f"  - {d['name']} {d['version']}: "
+        + ("skipped: " if d["action"] == "host" else "shipped: ")
+        + d["reason"]
+        for d in decisions
+    ]
+    lines.append(f"excluded {len(m['excluded'])}:")
     lines += [f"  - {e['name']} {e['version']}: {e['reason']}" for e in m["excluded"]]
     lines += [
         f"  - file {d['path']} ({d['size'] / MIB:.0f} MiB): {d['reason']}"

@@ -130,6 +130,10 @@ def synthetic_repo(tmp_path):
     wh.mkdir()
     (repo / "src" / "sglang_dflash" / "__init__.py").write_text("")
     (repo / "src" / "sglang_dflash" / "plugin.py").write_text("def register():\n    pass\n")
+    (repo / "src" / "sglang_dflash" / "pins.toml").write_text(
+        '[distributions]\nsglang = "0.5.17"\ntorch = "2.11.0"\n'
+    )
+    (repo / "host-packages.txt").write_text("# the synthetic host\ntorch==2.11.0\nnot-in-lock\n")
     (repo / "pyproject.toml").write_text(
         '[project]\nname = "sglang-dflash"\nversion = "0.0.1"\n'
         '[project.entry-points."sglang.srt.plugins"]\nddtree = "sglang_dflash.plugin:register"\n'
@@ -259,6 +263,8 @@ def _run_stage(repo: Path, cache: Path, *extra: str) -> subprocess.CompletedProc
             str(repo),
             "--cache",
             str(cache),
+            "--host-packages",
+            str(repo / "host-packages.txt"),
             "--part-mib",
             "1",
             *extra,
