@@ -88,7 +88,11 @@ def step_break(out: Path, env: dict, site: Path) -> dict:
     pkg = site / "sglang"
     result: dict = {}
     nested = pkg / "sglang"
-    subprocess.run(["cp", "-r", str(pkg), str(pkg) + "/"], check=True)  # the seeds' mistake
+    copy = Path("/tmp/gpu_e2e-copy/sglang")
+    shutil.rmtree(copy.parent, ignore_errors=True)
+    copy.parent.mkdir(parents=True)
+    subprocess.run(["cp", "-r", str(pkg), str(copy)], check=True)
+    subprocess.run(["cp", "-r", str(copy), str(pkg)], check=True)  # the seeds' mistake: nests
     try:
         result["nested"] = sh(cli(["check", "--layer", "package"]), env=env, timeout=240)
     finally:
@@ -183,7 +187,7 @@ def step_serve(out: Path, env: dict, mode: str, models: tuple[Path, Path],
             if bench:
                 bench_json = out / f"bench-{name}.json"
                 rec["bench"] = sh(cli(["bench", "--url", url, "--concurrency", "1,8,32",
-                                       "--num-prompts", "64", "--max-new-tokens", "128",
+                                       "--num-prompts", "32", "--max-new-tokens", "64",
                                        "--json", str(bench_json), "--quiet"]),
                                   env=env, timeout=240)
     except Exception as exc:  # recorded, never fatal: the next mode still runs
@@ -244,9 +248,10 @@ def main() -> int:
         except Exception as exc:
             results[step] = {"error": f"{type(exc).__name__}: {exc}"}
         print(f"[gpu_e2e] {step}: {time.monotonic() - t0:.1f}s", flush=True)
-    results["serve"] = serves
-    results["compare"] = compare(serves)
-    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+        results["serve"] = serves
+        results["compare"] = compare(serves)
+        # Written after every step: a call cut off at its time limit still returns the rest.
+        (args.out / "results.json").write_text(json.dumps(results, indent=1))
     print(json.dumps({"compare": results["compare"],
                       "ready": {m: r.get("ready_seconds") for m, r in serves.items()}}))
     return 0

@@ -119,11 +119,16 @@ def env_with(*sites: Path, **extra: str) -> dict[str, str]:
 
 
 def run_check(*args: str, sites: tuple[Path, ...] = (), cwd: Path | None = None,
-              timeout: float = 120) -> tuple[int, dict, str, float]:
-    """Run `python -m sglang_dflash check ... --json`: (rc, results by id, stderr, seconds)."""
+              timeout: float = 120, env: dict[str, str] | None = None,
+              ) -> tuple[int, dict, str, float]:
+    """Run `python -m sglang_dflash check ... --json`: (rc, results by id, stderr, seconds).
+
+    `env` adds variables to the child's environment (PYTHONPATH is the sites).
+    """
     start = time.monotonic()
     p = subprocess.run([sys.executable, "-m", "sglang_dflash", "check", *args, "--json"],
-                       env=env_with(*sites), cwd=cwd or (sites[0].parent if sites else None),
+                       env=env_with(*sites, **(env or {})),
+                       cwd=cwd or (sites[0].parent if sites else None),
                        capture_output=True, text=True, timeout=timeout)
     elapsed = time.monotonic() - start
     by_id = {}

@@ -109,3 +109,28 @@ def test_one_byte_edit_is_named(installed: Path, tmp_path: Path) -> None:
     assert res["package.record"]["status"] == "FAIL"
     assert "1 file(s) differ from RECORD: sglang/srt/speculative/spec_info.py" \
         in res["package.record"]["found"]
+
+
+@pytest.mark.parametrize("whole_dirs", [True, False], ids=["dir-link", "file-links"])
+def test_real_wheel_in_a_nix_env(installed: Path, tmp_path: Path, whole_dirs: bool) -> None:
+    """The real wheel linked into an env the way buildEnv/mkVirtualEnv does it."""
+    from tests.check.test_nix_layout import link_tree
+
+    env = tmp_path / "env"
+    link_tree([installed], env, whole=whole_dirs)
+    assert (env / "sglang").is_symlink() == whole_dirs
+    res = package_results(env)
+    assert {n: res[f"package.{n}"]["status"] for n in SGLANG_CHECKS} == dict.fromkeys(
+        SGLANG_CHECKS, "PASS"), res
+    assert "reached through symlinks (their targets hashed)" in res["package.record"]["found"]
+    victim = installed / "sglang" / "srt" / "speculative" / "spec_info.py"
+    victim.chmod(0o644)
+    original = victim.read_bytes()
+    try:
+        victim.write_bytes(original + b"\n")
+        res = package_results(env)
+        assert res["package.record"]["found"].startswith(
+            "1 file(s) differ from RECORD: sglang/srt/speculative/spec_info.py (-> "
+            f"{victim})")
+    finally:
+        victim.write_bytes(original)

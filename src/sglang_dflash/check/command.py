@@ -2,18 +2,25 @@
 
 Exit 0 only without FAIL, 1 with any FAIL, 2 on a usage error. `--offline` is what
 `nix flake check` and each service's ExecStartPre run: no GPU, no network.
+`--config FILE` reads an instance config: it fills the live layer's expectations (and,
+for `--layer live`, the URL and API key); flags given explicitly win over it.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from sglang_dflash.check import abi, gpu, live, package
-from sglang_dflash.check.result import Result, exit_code, render_json, render_text
+from sglang_dflash.check.instance import config_url, merged_expectations
+from sglang_dflash.check.result import Result, exit_code, render_json, render_text, skipped
+from sglang_dflash.config import ConfigError, InstanceConfig, load_config
 from sglang_dflash.manifest import PACKAGE_DIR, Manifest, load_manifest
 from sglang_dflash.pins import load_pins
+from sglang_dflash.serve import read_api_key
 
 LAYERS = ("package", "abi", "gpu", "live")
 
@@ -35,6 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="file holding the server's API key (sent as a Bearer token)")
     parser.add_argument("--timeout", type=float, default=5.0, metavar="S",
                         help="seconds per live request (default 5)")
+    parser.add_argument("--config", type=Path, metavar="FILE",
+                        help="instance config (JSON, as the NixOS module writes it): expected "
+                             "algorithm, draft model, DDTree budget; with --layer live also "
+                             "the URL (host/port) and apiKeyFile. --url/--expect-*/"
+                             "--api-key-file win over it")
     parser.add_argument("--manifest", type=Path, default=None, metavar="FILE",
                         help="manifest to verify against (default: the one installed with "
                              "sglang-dflash)")
@@ -54,8 +66,17 @@ def read_manifest(path: Path | None) -> tuple[Manifest | None, str]:
         return None, str(exc)
 
 
-def run_checks(layers: list[str], args: argparse.Namespace, exp: live.Expectations,
-               api_key: str | None) -> list[Result]:
+@dataclass(frozen=True)
+class LivePlan:
+    """Where the live layer goes and what it expects; url None means it SKIPs."""
+
+    url: str | None
+    expectations: live.Expectations
+    api_key: str | None
+    skip_reason: str | None = None  # overrides live's own reason when url is None
+
+
+def run_checks(layers: list[str], args: argparse.Namespace, plan: LivePlan) -> list[Result]:
     pins = load_pins()
     entries = list(sys.path)
     manifest, err = read_manifest(args.manifest)
@@ -70,8 +91,60 @@ def run_checks(layers: list[str], args: argparse.Namespace, exp: live.Expectatio
     if "gpu" in layers:
         out += gpu.run_layer(pins, entries, args.offline)
     if "live" in layers:
-        out += live.run_layer(args.url, exp, args.timeout, api_key, args.offline)
+        if plan.url is None and plan.skip_reason and not args.offline:
+            out.append(skipped(live.LAYER, "all", plan.skip_reason))
+        else:
+            out += live.run_layer(plan.url, plan.expectations, args.timeout, plan.api_key,
+                                  args.offline)
     return out
+
+
+def read_instance(path: Path) -> InstanceConfig:
+    """load_config, with the file named in every message (ConfigError, one line)."""
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        msg = str(exc)
+        raise ConfigError(msg if msg.startswith(str(path)) else f"{path}: {msg}") from None
+
+
+def read_key_file(path: Path) -> str:
+    try:
+        key = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--api-key-file: {getattr(exc, 'strerror', None) or exc}: "
+                         f"{path}") from None
+    if not key:
+        raise ValueError(f"--api-key-file: {path} is empty")
+    return key
+
+
+def plan_live(args: argparse.Namespace, layers: list[str],
+              cfg: InstanceConfig | None) -> LivePlan:
+    """Flags first, then the config. ValueError/ConfigError (one line) on bad input.
+
+    The config's URL and key are used only when the live layer is asked for by name
+    (`--layer live`) and not --offline: the service preflight (`--offline --config`)
+    must neither touch the network nor read a key file it may not be allowed to read.
+    """
+    exp = merged_expectations(cfg, args.expect_algorithm, args.expect_draft_model,
+                              args.expect_ddtree_budget)
+    url = args.url
+    asked = bool(args.layers) and "live" in args.layers and not args.offline
+    if url is None and cfg is not None and asked:
+        url = config_url(cfg)
+        try:
+            live.parse_url(url)
+        except ValueError as exc:
+            raise ConfigError(f"host/port give no usable URL: {exc}") from None
+    api_key = read_key_file(args.api_key_file) if args.api_key_file is not None else None
+    if api_key is None and cfg is not None and url is not None and "live" in layers:
+        api_key = read_api_key(cfg, dict(os.environ))  # systemd's credential first, as serve
+    reason = None
+    if url is None and cfg is not None:
+        reason = (f"no --url given; `--layer live` checks the configured server at "
+                  f"{config_url(cfg)}")
+    return LivePlan(url, exp, api_key, reason)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,25 +157,24 @@ def run(args: argparse.Namespace) -> int:
             live.parse_url(args.url)
         except ValueError as exc:
             return usage_error(f"--url: {exc}")
-    elif args.layers and "live" in args.layers and not args.offline:
-        return usage_error("--layer live needs --url")
+    elif args.layers and "live" in args.layers and not args.offline and args.config is None:
+        return usage_error("--layer live needs --url (or --config with the instance's host/port)")
     if not args.timeout > 0:
         return usage_error(f"--timeout must be > 0, got {args.timeout}")
+    cfg = None
+    if args.config is not None:
+        try:
+            cfg = read_instance(args.config)
+        except ConfigError as exc:
+            return usage_error(f"--config: {exc}")
     try:
-        exp = live.expectations_from(args.expect_algorithm, args.expect_draft_model,
-                                     args.expect_ddtree_budget)
+        plan = plan_live(args, layers, cfg)
+    except ConfigError as exc:
+        return usage_error(f"--config: {exc}")
     except ValueError as exc:
         return usage_error(str(exc))
-    api_key = None
-    if args.api_key_file is not None:
-        try:
-            api_key = args.api_key_file.read_text().strip()
-        except OSError as exc:
-            return usage_error(f"--api-key-file: {exc.strerror}: {args.api_key_file}")
-        if not api_key:
-            return usage_error(f"--api-key-file: {args.api_key_file} is empty")
     if args.manifest is not None and not args.manifest.is_file():
         return usage_error(f"--manifest: {args.manifest} is not a file")
-    results = run_checks(layers, args, exp, api_key)
+    results = run_checks(layers, args, plan)
     print(render_json(results) if args.json else render_text(results))
     return exit_code(results)

@@ -18,6 +18,7 @@ from importlib.machinery import ModuleSpec
 from pathlib import Path
 
 from sglang_dflash.check.finder import find_spec_in
+from sglang_dflash.check.paths import dangling_link, file_identity, is_inside, link_note, real
 from sglang_dflash.check.result import Result, failed, passed, shorten, skipped
 from sglang_dflash.manifest import FIX_STALE, Manifest, glob_files, sha256_file
 
@@ -30,11 +31,21 @@ PRESENCE_ONLY_SUFFIXES = (".so",)
 
 @dataclass(frozen=True)
 class Candidate:
-    """One sys.path entry that holds an `sglang` package (or namespace portion)."""
+    """One sglang package (or namespace portion) on sys.path, however many ways it is reached.
+
+    `pkg_dir` is where Python finds it through the first entry (unresolved: in a Nix env
+    that is the env, not the store); `aliases` are the other entries' paths that lead
+    to the same directory or the same files (symlinks), so it is reported once.
+    """
 
     entry: str
     pkg_dir: Path
     regular: bool  # has __init__.py; a regular package beats namespace portions
+    aliases: tuple[Path, ...] = ()
+
+    @property
+    def real_dir(self) -> Path:
+        return real(self.pkg_dir)
 
 
 @dataclass(frozen=True)
@@ -49,6 +60,8 @@ class RecordReport:
     listed: int = 0
     missing: list[str] = field(default_factory=list)
     altered: list[str] = field(default_factory=list)
+    unreadable: list[str] = field(default_factory=list)
+    linked: int = 0  # files reached through a symlink (a Nix env); hashed at their target
     presence_only: int = 0
     outside: int = 0  # entries outside the site dir (scripts), not checked
 
@@ -58,9 +71,16 @@ def _entry_dir(entry: str) -> str:
 
 
 def find_candidates(entries: list[str], name: str = PACKAGE) -> list[Candidate]:
-    """Every sys.path entry holding `name`, in import order, without importing it."""
-    seen: set[Path] = set()
-    out = []
+    """Every distinct `name` package on sys.path, in import order, without importing it.
+
+    Two entries reach the same package when its directory resolves to the same real
+    directory (the env and its store path, a `result` link) or, for a Nix env whose
+    package directory is a real directory of links, when one `__init__.py` is a link
+    to the other. Such a package is one candidate with aliases, never a shadowing copy.
+    (Hard links alone do not count: uv hard-links identical files into separate venvs.)
+    """
+    out: list[Candidate] = []
+    seen: list[tuple[Path, tuple[int, int] | None, bool]] = []  # real dir, __init__, link?
     for entry in entries:
         try:
             spec = find_spec_in(name, [_entry_dir(entry)])
@@ -68,14 +88,22 @@ def find_candidates(entries: list[str], name: str = PACKAGE) -> list[Candidate]:
             continue
         if spec is None or not spec.submodule_search_locations:
             continue
-        # absolute but not resolved: in a Nix buildEnv the files are symlinks into the
+        # absolute but not resolved: in a Nix env the files are symlinks into the
         # store, and the package is where Python finds it, not where the links point
         pkg_dir = Path(os.path.abspath(next(iter(spec.submodule_search_locations))))
-        if pkg_dir.resolve() in seen:
-            continue
-        seen.add(pkg_dir.resolve())
         regular = spec.origin is not None and spec.origin.endswith("__init__.py")
-        out.append(Candidate(entry, pkg_dir, regular))
+        init = Path(spec.origin) if regular and spec.origin else None
+        me = (real(pkg_dir), file_identity(init) if init else None,
+              bool(init and init.is_symlink()))
+        same = next((i for i, s in enumerate(seen) if s[0] == me[0] or (
+            me[1] is not None and s[1] == me[1] and (s[2] or me[2]))), None)
+        if same is None:
+            out.append(Candidate(entry, pkg_dir, regular))
+            seen.append(me)
+            continue
+        c = out[same]
+        if pkg_dir != c.pkg_dir and pkg_dir not in c.aliases:
+            out[same] = Candidate(c.entry, c.pkg_dir, c.regular, (*c.aliases, pkg_dir))
     return out
 
 
@@ -159,7 +187,11 @@ def hex_to_record(hexdigest: str) -> str:
 
 
 def verify_record(site: Path, record: Path, patched: dict[str, str]) -> RecordReport:
-    """Every RECORD file exists and matches; patched files match the manifest instead."""
+    """Every RECORD file exists and matches; patched files match the manifest instead.
+
+    Paths are RECORD's, under `site` as Python sees it; symlinks are followed, so a Nix
+    env is verified by the content of the store files its links point to.
+    """
     rep = RecordReport()
     with record.open(newline="") as f:
         rows = [r for r in csv.reader(f) if r]
@@ -171,20 +203,28 @@ def verify_record(site: Path, record: Path, patched: dict[str, str]) -> RecordRe
             continue
         rep.listed += 1
         path = site / rel
+        note = link_note(site, rel)
         if not path.is_file():
-            rep.missing.append(rel)
+            link = dangling_link(site, rel)
+            why = f" (dangling symlink {link} -> {os.readlink(link)})" if link else ""
+            rep.missing.append(rel + why)
+            continue
+        rep.linked += bool(note)
+        if rel.endswith(PRESENCE_ONLY_SUFFIXES) and rel not in patched:
+            rep.presence_only += digest.startswith("sha256=")
+            continue
+        if rel not in patched and not digest.startswith("sha256="):
+            continue
+        try:
+            actual = record_hash(path)
+        except OSError as exc:
+            rep.unreadable.append(f"{rel} ({exc.strerror or exc}){note}")
             continue
         if rel in patched:
-            if record_hash(path) != hex_to_record(patched[rel]):
-                rep.altered.append(f"{rel} (patched file differs from the manifest)")
-            continue
-        if not digest.startswith("sha256="):
-            continue
-        if rel.endswith(PRESENCE_ONLY_SUFFIXES):
-            rep.presence_only += 1
-            continue
-        if record_hash(path) != digest[len("sha256="):]:
-            rep.altered.append(rel)
+            if actual != hex_to_record(patched[rel]):
+                rep.altered.append(f"{rel} (patched file differs from the manifest){note}")
+        elif actual != digest[len("sha256="):]:
+            rep.altered.append(rel + note)
     return rep
 
 
@@ -199,7 +239,10 @@ def check_location(cands: list[Candidate], win: Candidate | None, pin: str) -> l
             return [failed(LAYER, "sglang", f"only namespace portions of sglang (no __init__.py): "
                            f"{where}", "re-copy the whole package, or " + fix_install)]
         return [failed(LAYER, "sglang", "no sglang package on sys.path", fix_install)]
-    out = [passed(LAYER, "sglang", f"sglang imports from {win.pkg_dir}")]
+    where = f"sglang imports from {win.pkg_dir}"
+    if win.real_dir != win.pkg_dir:
+        where += f" (-> {win.real_dir})"
+    out = [passed(LAYER, "sglang", where)]
     others = [c for c in cands if c is not win]
     if others:
         listing = "; ".join(f"{c.pkg_dir} (shadowed{'' if c.regular else ', namespace'})"
@@ -209,6 +252,9 @@ def check_location(cands: list[Candidate], win: Candidate | None, pin: str) -> l
                           f"{listing}",
                           "remove the copy you do not want, or fix PYTHONPATH/sys.path so "
                           "exactly one sglang is reachable"))
+    elif win.aliases:
+        out.append(passed(LAYER, "shadowing", "exactly one sglang on sys.path, also reached as "
+                          + ", ".join(str(a) for a in win.aliases) + " (the same files)"))
     else:
         out.append(passed(LAYER, "shadowing", "exactly one sglang on sys.path"))
     return out
@@ -217,10 +263,16 @@ def check_location(cands: list[Candidate], win: Candidate | None, pin: str) -> l
 def check_nested(win: Candidate) -> Result:
     nested = win.pkg_dir / PACKAGE / "__init__.py"
     if nested.exists():
+        inner = real(nested.parent)
+        if inner == win.real_dir:
+            return failed(LAYER, "nested", f"{nested.parent} is a symlink back to the package "
+                          f"itself ({inner}): every module is importable twice",
+                          f"remove the link: `rm {nested.parent}`")
+        where = "" if inner == win.pkg_dir / PACKAGE else f" (-> {inner})"
         return failed(
             LAYER, "nested",
-            f"nested copy {nested.parent} inside the package that wins (what `cp -r`/`scp -r` "
-            f"of a package onto an existing one produces)",
+            f"nested copy {nested.parent}{where} inside the package that wins (what "
+            f"`cp -r`/`scp -r` of a package onto an existing one produces)",
             f"`rm -rf {nested.parent}`, then re-copy with `cp -rT SRC {win.pkg_dir}` or "
             f"`rsync -a SRC/ {win.pkg_dir}/` (trailing slash)")
     return passed(LAYER, "nested", f"no nested sglang/sglang in {win.pkg_dir}")
@@ -260,8 +312,9 @@ def check_modules(win: Candidate, modules: list[str], version: str | None, pin: 
         loc = spec_location(spec) if spec else None
         if loc is None:
             missing.append(name)
-        elif not loc.is_relative_to(win.pkg_dir):
-            outside.append(f"{name} at {loc}")
+        elif not is_inside(loc, win.pkg_dir, win.aliases):
+            outside.append(f"{name} at {loc} (-> {real(loc)})" if real(loc) != loc
+                           else f"{name} at {loc}")
     which = f"sglang {version or '(unknown version)'} at {win.pkg_dir}"
     if missing:
         return failed(LAYER, "modules",
@@ -287,11 +340,18 @@ def check_record(win: Candidate, dist: DistInfo, patched: dict[str, str], pin: s
                         f"RECORD are missing: {shorten(rep.missing)}")
     if rep.altered:
         problems.append(f"{len(rep.altered)} file(s) differ from RECORD: {shorten(rep.altered)}")
+    if rep.unreadable:
+        problems.append(f"{len(rep.unreadable)} file(s) unreadable: {shorten(rep.unreadable)}")
     if problems:
-        return failed(LAYER, "record", "; ".join(problems),
-                      reinstall + "; carry deliberate changes as a patch in overlay.toml")
+        fix = reinstall + "; carry deliberate changes as a patch in overlay.toml"
+        if rep.linked:
+            fix += ("; in a Nix env the bytes live at the link targets: "
+                    "`nix-store --verify --check-contents --repair`, or rebuild")
+        return failed(LAYER, "record", "; ".join(problems), fix)
     note = f", {rep.presence_only} shared objects present (hash not checked: patchelf)" \
         if rep.presence_only else ""
+    if rep.linked:
+        note += f", {rep.linked} reached through symlinks (their targets hashed)"
     if rep.outside:
         note += f", {rep.outside} entries outside {win.pkg_dir.parent} (scripts) not checked"
     return passed(LAYER, "record",

@@ -1,0 +1,195 @@
+"""The SGLang 0.5.17 hook points of DDTree mode, registered on SGLang's ``HookRegistry``.
+
+Every hook is a no-op pass-through unless ``SGLANG_DFLASH_DDTREE_BUDGET`` is set, so stock
+DFlash (and every other algorithm) is untouched. Targets, all reached without editing files:
+
+| target | type | why |
+|---|---|---|
+| ``speculative_hook._handle_dflash`` | AROUND | validate; verify width N+1, draft width B |
+| ``SpeculativeAlgorithm.get_num_tokens_per_req_for_target_verify`` | AROUND | draft graphs B wide |
+| ``SpeculativeAlgorithm.create_worker`` | AROUND | ``DDTreeWorkerV2`` for DFLASH |
+| ``spec_info.create_dummy_verify_input`` | AROUND | warm-up inputs: widths, target mask |
+| ``DecodeCudaGraphRunner.get_spec_info`` | AROUND | target graphs captured with a mask |
+| ``dflash_utils.validate_dflash_request`` | AROUND | grammar requests rejected per request |
+
+``create_worker`` imports its worker lazily, so wrapping it (rather than a class REPLACE of
+``DFlashWorkerV2``) keeps the heavy worker module out of the launcher/tokenizer processes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from sglang_dflash.sglang_overlay import settings
+from sglang_dflash.sglang_overlay.plant import load_plant
+
+logger = logging.getLogger(__name__)
+
+SPEC = "sglang.srt.speculative"
+TARGETS = {
+    "handle_dflash": "sglang.srt.arg_groups.speculative_hook._handle_dflash",
+    "tokens_per_req": f"{SPEC}.spec_info.SpeculativeAlgorithm."
+    "get_num_tokens_per_req_for_target_verify",
+    "create_worker": f"{SPEC}.spec_info.SpeculativeAlgorithm.create_worker",
+    "dummy_verify": f"{SPEC}.spec_info.create_dummy_verify_input",
+    "graph_spec_info": "sglang.srt.model_executor.runner.decode_cuda_graph_runner."
+    "DecodeCudaGraphRunner.get_spec_info",
+    "validate_request": f"{SPEC}.dflash_utils.validate_dflash_request",
+}
+
+
+def _active() -> bool:
+    return settings.is_requested()
+
+
+def _dp_attention(server_args: Any) -> bool:
+    try:
+        from sglang.srt.arg_groups.overrides import resolved_view
+
+        return bool(resolved_view(server_args).enable_dp_attention)
+    except Exception:  # older/newer layouts: fall back to the plain field
+        return bool(getattr(server_args, "enable_dp_attention", False))
+
+
+def handle_dflash(original, server_args):
+    """DFlash's arg handling, then DDTree's widths: num_draft_tokens = N+1, block = B."""
+    if not _active():
+        return original(server_args)
+    budget = settings.budget_from_env()
+    facts = settings.TargetFacts(
+        attention_backend=getattr(server_args, "attention_backend", None),
+        prefill_attention_backend=getattr(server_args, "prefill_attention_backend", None),
+        decode_attention_backend=getattr(server_args, "decode_attention_backend", None),
+        page_size=getattr(server_args, "page_size", 1),
+        pp_size=int(getattr(server_args, "pp_size", 1) or 1),
+        enable_dp_attention=_dp_attention(server_args),
+        draft_window_size=getattr(server_args, "speculative_draft_window_size", None),
+        speculative_num_draft_tokens=server_args.speculative_num_draft_tokens,
+    )
+    reason = settings.unsupported_reason(facts, budget)
+    if reason is not None:
+        raise settings.DDTreeConfigError(reason)
+    plant_path = os.environ.get(settings.PLANT_ENV, "").strip()
+    if plant_path:
+        load_plant(plant_path)  # fail at startup, in the launcher, on a bad file
+    # Let DFlash resolve the block size B (flag or draft config) into num_draft_tokens.
+    server_args.speculative_num_draft_tokens = None
+    original(server_args)
+    mode = settings.DDTreeMode(
+        budget=budget, block_size=int(server_args.speculative_num_draft_tokens)
+    )
+    if mode.draft_width < 2:
+        raise settings.DDTreeConfigError(
+            f"DDTree needs a draft block size >= 2 (one draft position); got {mode.block_size}"
+        )
+    server_args.speculative_dflash_block_size = mode.draft_width
+    server_args.speculative_num_draft_tokens = mode.verify_width
+    logger.info(
+        "DDTree mode of DFLASH: budget N=%d -> speculative_num_draft_tokens=%d (verify width), "
+        "draft width %d (block %d).",
+        budget,
+        mode.verify_width,
+        mode.draft_width,
+        mode.block_size,
+    )
+    return None
+
+
+def _draft_width() -> int | None:
+    try:
+        from sglang.srt.runtime_context import get_spec
+
+        value = get_spec().speculative_dflash_block_size
+    except Exception:
+        return None
+    return int(value) if value else None
+
+
+def tokens_per_req(original, self, num_draft_tokens, is_draft_worker):
+    """The draft worker's TARGET_VERIFY width is the draft block B, not the verify width."""
+    if _active() and is_draft_worker and self.is_dflash():
+        width = _draft_width()
+        if width is not None:
+            return width
+    return original(self, num_draft_tokens, is_draft_worker)
+
+
+def create_worker(original, self, server_args):
+    if _active() and self.is_dflash():
+        from sglang_dflash.sglang_overlay.worker import DDTreeWorkerV2
+
+        return DDTreeWorkerV2
+    return original(self, server_args)
+
+
+def dummy_verify(
+    original, spec_algorithm, server_args, custom_mask, num_tokens_per_req, is_draft_worker
+):
+    """Warm-up verify input: the runner's own width, and a mask buffer for the target."""
+    info = original(spec_algorithm, server_args, custom_mask, num_tokens_per_req, is_draft_worker)
+    if info is None or not (_active() and spec_algorithm.is_dflash()):
+        return info
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+    from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+
+    return DFlashVerifyInput(
+        draft_token=None,
+        positions=None,
+        draft_token_num=int(num_tokens_per_req),
+        custom_mask=None if is_draft_worker else custom_mask,
+        capture_hidden_mode=(CaptureHiddenMode.NULL if is_draft_worker else CaptureHiddenMode.FULL),
+    )
+
+
+def graph_spec_info(original, self, num_tokens):
+    """Target verify graphs must be captured with a custom-mask buffer (FlashInfer, Triton)."""
+    info = original(self, num_tokens)
+    runner = self.model_runner
+    if (
+        info is not None
+        and _active()
+        and runner.spec_algorithm.is_dflash()
+        and not runner.is_draft_worker
+    ):
+        info.custom_mask = self.buffers.custom_mask
+    return info
+
+
+GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
+
+
+def request_grammar(req: Any) -> str | None:
+    """The grammar kind a request asks for, or None."""
+    params = getattr(req, "sampling_params", None)
+    for name in GRAMMAR_FIELDS:
+        if getattr(params, name, None):
+            return name
+    return None
+
+
+def validate_request(original, req, enable_overlap):
+    msg = original(req, enable_overlap)
+    if msg is None and _active():
+        kind = request_grammar(req)
+        if kind is not None:
+            return f"DDTree mode of DFLASH does not support grammar-constrained requests ({kind})."
+    return msg
+
+
+HOOKS = {
+    "handle_dflash": handle_dflash,
+    "tokens_per_req": tokens_per_req,
+    "create_worker": create_worker,
+    "dummy_verify": dummy_verify,
+    "graph_spec_info": graph_spec_info,
+    "validate_request": validate_request,
+}
+
+
+def register_all(registry, hook_type) -> list[str]:
+    """Register every DDTree hook as AROUND; returns the dotted targets."""
+    for key, fn in HOOKS.items():
+        registry.register(TARGETS[key], fn, hook_type.AROUND)
+    return [TARGETS[k] for k in HOOKS]

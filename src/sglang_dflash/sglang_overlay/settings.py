@@ -1,0 +1,145 @@
+"""The DDTree switch and its startup validation: pure functions, no SGLang or torch import.
+
+DDTree is a mode of ``--speculative-algorithm DFLASH`` switched on by one environment variable,
+so every ``is_dflash()`` branch in SGLang (memory sizing, aux-hidden capture, overlap scheduling)
+keeps working. Everything here decides from plain values so it is testable anywhere; the SGLang
+hooks in ``hooks.py`` feed it the resolved ``ServerArgs`` fields.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+BUDGET_ENV = "SGLANG_DFLASH_DDTREE_BUDGET"
+PLANT_ENV = "SGLANG_DFLASH_DDTREE_PLANT"
+
+# One CUDA thread per tree node in SGLang's tree kernels (reconstruct_indices_from_tree_mask,
+# verify_tree_greedy) caps the verify width N+1 at 1024.
+MAX_BUDGET = 1023
+
+# Target attention backends that take an arbitrary FULL_MASK custom mask in TARGET_VERIFY,
+# eagerly and under CUDA graphs (research note ddtree-sglang.md section 2.3).
+SUPPORTED_TARGET_BACKENDS = frozenset({"flashinfer", "triton"})
+
+
+class DDTreeConfigError(ValueError):
+    """A DDTree setting or combination SGLang cannot serve; the message is one line."""
+
+
+@dataclass(frozen=True)
+class DDTreeMode:
+    """The resolved widths of one DDTree server.
+
+    ``budget`` N is the number of draft nodes; the verify width is N+1 (root = bonus token).
+    ``draft_width`` is the drafter's block: min(B, N+1), because a tree of N nodes is at most
+    N deep, so drafting more than N positions is wasted work, and because SGLang reserves only
+    2*(N+1) KV slots ahead per request: a draft block wider than N+1 could run past them.
+    """
+
+    budget: int
+    block_size: int
+
+    @property
+    def verify_width(self) -> int:
+        return self.budget + 1
+
+    @property
+    def draft_width(self) -> int:
+        return min(self.block_size, self.budget + 1)
+
+    @property
+    def max_depth(self) -> int:
+        return self.draft_width - 1
+
+
+def parse_budget(raw: str | None) -> int | None:
+    """The budget from the env value: None when unset/empty, else an int in 1..1023."""
+    if raw is None or raw.strip() == "":
+        return None
+    text = raw.strip()
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise DDTreeConfigError(
+            f"{BUDGET_ENV}={raw!r} is not an integer; set a node budget in 1..{MAX_BUDGET} "
+            "or unset it for stock DFlash"
+        ) from None
+    if not 1 <= value <= MAX_BUDGET:
+        raise DDTreeConfigError(
+            f"{BUDGET_ENV}={value} is outside 1..{MAX_BUDGET} (verify width N+1 must be <= 1024)"
+        )
+    return value
+
+
+def budget_from_env(environ: Mapping[str, str] | None = None) -> int | None:
+    """Read and validate the switch; None means stock DFlash."""
+    env = os.environ if environ is None else environ
+    return parse_budget(env.get(BUDGET_ENV))
+
+
+def is_requested(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the switch is set at all (even to an invalid value, which must fail later)."""
+    env = os.environ if environ is None else environ
+    return bool(env.get(BUDGET_ENV, "").strip())
+
+
+@dataclass(frozen=True)
+class TargetFacts:
+    """The ServerArgs fields that decide whether DDTree can run (after SGLang resolved them)."""
+
+    attention_backend: str | None
+    prefill_attention_backend: str | None = None
+    decode_attention_backend: str | None = None
+    page_size: int | None = 1
+    pp_size: int = 1
+    enable_dp_attention: bool = False
+    draft_window_size: int | None = None
+    speculative_num_draft_tokens: int | None = None
+
+
+def unsupported_reason(facts: TargetFacts, budget: int) -> str | None:
+    """The one-line reason this combination cannot run DDTree, or None when it can."""
+    backends = {
+        "--attention-backend": facts.attention_backend,
+        "--prefill-attention-backend": facts.prefill_attention_backend,
+        "--decode-attention-backend": facts.decode_attention_backend,
+    }
+    for flag, value in backends.items():
+        if value is not None and value not in SUPPORTED_TARGET_BACKENDS:
+            return (
+                f"DDTree ({BUDGET_ENV}={budget}) needs a target attention backend that takes a "
+                f"tree mask (flashinfer or triton); {flag} is {value}"
+            )
+    if facts.attention_backend is None:
+        return (
+            f"DDTree ({BUDGET_ENV}={budget}) needs --attention-backend flashinfer or triton "
+            "(none was resolved)"
+        )
+    if facts.page_size not in (None, 1):
+        return f"DDTree ({BUDGET_ENV}={budget}) supports only --page-size 1, got {facts.page_size}"
+    if facts.pp_size != 1:
+        return f"DDTree ({BUDGET_ENV}={budget}) needs --pp-size 1, got {facts.pp_size}"
+    if facts.enable_dp_attention:
+        return f"DDTree ({BUDGET_ENV}={budget}) does not support --enable-dp-attention"
+    if facts.draft_window_size is not None:
+        return (
+            f"DDTree ({BUDGET_ENV}={budget}) does not support --speculative-draft-window-size "
+            "yet; drop it"
+        )
+    n = facts.speculative_num_draft_tokens
+    if n is not None and int(n) != budget + 1:
+        return (
+            f"DDTree sets --speculative-num-draft-tokens to the verify width N+1={budget + 1}; "
+            f"got {n}. Drop it and set the draft block with --speculative-dflash-block-size"
+        )
+    return None
+
+
+def hybrid_target_reason(budget: int, model_arch: str) -> str:
+    """The one-line reason for a hybrid recurrent (Mamba/GDN) target."""
+    return (
+        f"DDTree ({BUDGET_ENV}={budget}) does not support hybrid recurrent targets "
+        f"(Mamba/GDN: {model_arch}); their state commit is linear-chain only"
+    )

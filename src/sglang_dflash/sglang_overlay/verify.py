@@ -1,0 +1,181 @@
+"""Tensor glue between a DDTree and SGLang's verify/accept/commit machinery.
+
+Pure torch, batched, no host syncs, so it runs in the overlap scheduler and is unit-tested on
+the CPU with small tensors. The worker passes SGLang's kernels in (``verify_tree_greedy``) so
+this module never imports SGLang; without a kernel the DDTree core's ``greedy_walk`` (same
+semantics) is used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+from sglang_dflash.ddtree.mask import full_mask
+from sglang_dflash.ddtree.tree import DDTree
+from sglang_dflash.ddtree.walk import greedy_walk
+
+
+class VerifyTensors(NamedTuple):
+    """What one target TARGET_VERIFY forward over a tree needs (flattened over the batch)."""
+
+    tokens: torch.Tensor  # [bs*W] int64, node 0 of each request = its bonus token
+    positions: torch.Tensor  # [bs*W] int64, prefix + depth
+    custom_mask: torch.Tensor  # flat bool FULL_MASK
+
+
+def build_verify_tensors(tree: DDTree, prefix_lens: torch.Tensor, host_seq_lens_sum: int):
+    """Verify inputs for ``tree``; the mask is sized from the host upper bound of the prefixes.
+
+    SGLang's backends index the FULL_MASK with the device ``seq_lens`` (the committed prefixes)
+    and size buffers from the host ``seq_lens_sum``, which overlap scheduling only knows as an
+    upper bound. Sizing from that bound avoids a host sync; the unused tail stays True, which
+    is how SGLang pads masks for CUDA graphs.
+    """
+    mask = full_mask(tree, prefix_lens, seq_lens_sum=int(host_seq_lens_sum))
+    return VerifyTensors(tree.tokens.reshape(-1), tree.positions.reshape(-1), mask)
+
+
+class Acceptance(NamedTuple):
+    accept_index: torch.Tensor  # [bs, L+1] int64 global node index (b*W+i), root first, -1 pad
+    accept_len: torch.Tensor  # [bs] int64 accepted drafts (root excluded)
+    out_tokens: torch.Tensor  # [bs, L+1] int64 committed tokens, bonus last, 0 past commit
+    commit_lens: torch.Tensor  # [bs] int32 accept_len + 1
+    bonus: torch.Tensor  # [bs] int64
+
+
+def committed_tokens(
+    predicts: torch.Tensor, accept_index: torch.Tensor, accept_len: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens committed per request from ``verify_tree_greedy``'s flat ``predicts``.
+
+    ``predicts[n]`` is the target's token after node n, so the j-th committed token is
+    ``predicts[accept_index[:, j]]`` and the last one (j = accept_len) is the bonus.
+    """
+    idx = accept_index.long()
+    valid = idx >= 0
+    toks = predicts.long().reshape(-1)[idx.clamp(min=0)]
+    out = torch.where(valid, toks, torch.zeros_like(toks))
+    bonus = out.gather(1, accept_len.long().view(-1, 1)).view(-1)
+    return out, bonus
+
+
+def greedy_accept(
+    tree: DDTree,
+    target_predict: torch.Tensor,
+    kernel: Callable | None = None,
+) -> Acceptance:
+    """Walk ``tree`` with the target's per-node choice ``[bs, W]`` (argmax, or a sample at T>0).
+
+    ``kernel`` is SGLang's ``verify_tree_greedy_func`` (CUDA); None uses the torch walk.
+    """
+    bs, width = tree.tokens.shape
+    depth = tree.max_depth
+    target_predict = target_predict.reshape(bs, width).long()
+    if kernel is None:
+        res = greedy_walk(tree, target_predict)
+        out = torch.where(res.out_tokens >= 0, res.out_tokens, torch.zeros_like(res.out_tokens))
+        return Acceptance(
+            res.accept_index.long(),
+            res.accept_len.long(),
+            out,
+            res.commit_lens.to(torch.int32),
+            res.bonus.long(),
+        )
+    dev = tree.tokens.device
+    predicts = torch.zeros(bs * width, dtype=torch.int32, device=dev)
+    accept_index = torch.full((bs, depth + 1), -1, dtype=torch.int32, device=dev)
+    accept_len = torch.zeros(bs, dtype=torch.int32, device=dev)
+    predicts, accept_index, accept_len = kernel(
+        predicts=predicts,
+        accept_index=accept_index,
+        accept_token_num=accept_len,
+        candidates=tree.tokens.long(),
+        retrieve_index=tree.retrieve_index.long(),
+        retrieve_next_token=tree.next_token.long(),
+        retrieve_next_sibling=tree.next_sibling.long(),
+        target_predict=target_predict,
+    )
+    out, bonus = committed_tokens(predicts, accept_index, accept_len)
+    return Acceptance(
+        accept_index.long(), accept_len.long(), out, (accept_len + 1).to(torch.int32), bonus
+    )
+
+
+def gather_accepted_rows(x: torch.Tensor, accept_index: torch.Tensor) -> torch.Tensor:
+    """Rows of node-indexed ``x`` ``[bs*W, ...]`` along the accepted paths: ``[bs*(L+1), ...]``.
+
+    Padded entries (-1) read node 0 of the batch; they sit past each request's commit length,
+    where the prefix-valid draft-KV writer never looks.
+    """
+    return x[accept_index.reshape(-1).long().clamp(min=0)]
+
+
+def linear_positions(prefix_lens: torch.Tensor, width: int) -> torch.Tensor:
+    """Positions of committed tokens after compaction: ``prefix + j`` for j < width, ``[bs, w]``."""
+    j = torch.arange(width, device=prefix_lens.device, dtype=torch.int64)
+    return prefix_lens.long().view(-1, 1) + j.view(1, -1)
+
+
+def host_seq_lens_bound(seq_lens_cpu: torch.Tensor, step_growth: int) -> torch.Tensor:
+    """Host-side upper bound of the device prefix lengths (CPU metadata lags one step)."""
+    return seq_lens_cpu.to(torch.int64) + int(step_growth)
+
+
+def per_node_targets(
+    logits: torch.Tensor,
+    width: int,
+    temperatures: torch.Tensor,
+    top_ks: torch.Tensor | None = None,
+    top_ps: torch.Tensor | None = None,
+    min_ps: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    renorm: tuple[Callable, Callable] | None = None,
+) -> torch.Tensor:
+    """One independent draw per tree node from the target's processed distribution, ``[bs, W]``.
+
+    Following the child equal to the draw at every node makes each committed token an exact
+    sample of the target (DDTree's lossless rule at T > 0). Per-request ``temperatures``,
+    ``top_ks`` (>= vocab or <= 0 = off), ``top_ps`` and ``min_ps`` are ``[bs]`` or ``[bs, 1]``;
+    SGLang encodes greedy requests as top_k = 1, which this honours exactly. ``renorm`` is
+    sgl_kernel's ``(top_k_renorm_prob, top_p_renorm_prob)`` on CUDA (what EAGLE's verify uses);
+    without it a torch sort does the same filtering.
+    """
+    rows, vocab = logits.shape
+    bs = rows // width
+
+    def per_row(t: torch.Tensor | None, fill: float) -> torch.Tensor:
+        if t is None:
+            return torch.full((rows, 1), fill, device=logits.device)
+        return t.reshape(bs).to(logits.device).repeat_interleave(width).view(rows, 1)
+
+    temp = per_row(temperatures, 1.0).float().clamp(min=1e-6)
+    probs = torch.softmax(logits.float() / temp, dim=-1)
+    if renorm is not None and (top_ks is not None or top_ps is not None):
+        top_k_renorm, top_p_renorm = renorm
+        if top_ks is not None:
+            probs = top_k_renorm(probs, top_ks.reshape(bs).repeat_interleave(width))
+        if top_ps is not None:
+            probs = top_p_renorm(probs, top_ps.reshape(bs).repeat_interleave(width))
+    elif top_ks is not None or top_ps is not None:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        keep = torch.ones_like(sorted_p, dtype=torch.bool)
+        if top_ks is not None:
+            k = per_row(top_ks, vocab).long()
+            k = torch.where(k <= 0, torch.full_like(k, vocab), k)
+            ranks = torch.arange(vocab, device=logits.device).view(1, -1)
+            keep &= ranks < k
+        if top_ps is not None:
+            p = per_row(top_ps, 1.0).float()
+            before = sorted_p.cumsum(-1) - sorted_p
+            keep &= before < p
+        keep[:, 0] = True
+        sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
+        probs = torch.zeros_like(probs).scatter(1, order, sorted_p)
+    if min_ps is not None:
+        mp = per_row(min_ps, 0.0).float()
+        probs = torch.where(probs >= mp * probs.max(-1, keepdim=True).values, probs, 0.0)
+    draw = torch.multinomial(probs, 1, generator=generator)
+    return draw.view(bs, width)

@@ -1,0 +1,453 @@
+"""``DDTreeWorkerV2``: DFlash's spec-v2 worker with a draft tree instead of a draft chain.
+
+One decode round: the DFlash drafter runs its usual non-causal block of width B (the draft
+width), the head keeps per-depth top-K log-probs instead of the argmax, the DDTree core builds
+the N-node tree on the GPU, the target verifies all N+1 nodes in one TARGET_VERIFY forward
+with a FULL_MASK tree mask, the accepted path is walked (``verify_tree_greedy``), its target KV
+is moved to the linear slots ``prefix..prefix+commit-1`` and the drafter's KV for the committed
+tokens is written from the target hidden states gathered along that path. Prefill, idle
+batches, memory pools and CUDA-graph setup are DFlash's own (``super()``).
+
+Imports SGLang: only loaded inside an SGLang process (``create_worker`` hook).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+from sglang.kernels.ops.speculative.dflash import _prepare_dflash_draft_block_unchecked
+from sglang.srt.configs.hybrid_arch import mambaish_config
+from sglang.srt.distributed import get_tp_group
+from sglang.srt.environ import envs
+from sglang.srt.managers.scheduler import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import (
+    CaptureHiddenMode,
+    ForwardBatch,
+    ForwardMode,
+)
+from sglang.srt.runtime_context import get_exec
+from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+from sglang.srt.speculative.dflash_utils import apply_dflash_verify_logits_adjustments
+from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+from sglang.srt.speculative.draft_worker_common import (
+    build_block_pos_offsets,
+    make_draft_block_spec_info,
+)
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.speculative.spec_utils import (
+    SIMULATE_ACC_LEN,
+    move_accept_tokens_to_target_kvcache,
+)
+from sglang.srt.utils import is_cuda, is_hip
+
+from sglang_dflash.ddtree.tree import build_tree
+from sglang_dflash.sglang_overlay import plant as plant_mod
+from sglang_dflash.sglang_overlay import settings
+from sglang_dflash.sglang_overlay.draft_head import DraftTopKHead, draft_topk
+from sglang_dflash.sglang_overlay.verify import (
+    build_verify_tensors,
+    gather_accepted_rows,
+    greedy_accept,
+    per_node_targets,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def _renorm_kernels():
+    """sgl_kernel's top-k / top-p renormalisation on CUDA; None = torch fallback."""
+    if not is_cuda():
+        return None
+    try:
+        from sgl_kernel import top_k_renorm_prob, top_p_renorm_prob
+    except ImportError:
+        return None
+    return top_k_renorm_prob, top_p_renorm_prob
+
+
+def _tree_kernel():
+    """SGLang's ``verify_tree_greedy`` dispatcher on CUDA/HIP; None = torch walk."""
+    if is_cuda() or is_hip():
+        from sglang.srt.speculative.eagle_utils import verify_tree_greedy_func
+
+        return verify_tree_greedy_func
+    return None
+
+
+class DDTreeVerifyInput(DFlashVerifyInput):
+    """A DFlash verify input that carries a tree: FULL_MASK plus LCRS links.
+
+    Keeps ``spec_input_type == DFLASH_VERIFY`` so FlashInfer/Triton take the DFlash verify path
+    (``generate_attn_arg_prefill`` pads FULL_MASK exactly as DDTree lays it out). The tree is
+    irregular and node-budgeted, like NGRAM's: ``tree_topk = -1``.
+    """
+
+    tree: Any = None
+
+    @property
+    def max_tree_depth(self) -> int:
+        return int(self.tree.max_depth) + 1 if self.tree is not None else 1
+
+    @property
+    def tree_topk(self) -> int:
+        return -1
+
+
+class DDTreeWorkerV2(DFlashWorkerV2):
+    """DFlash spec-v2 worker in DDTree mode (``SGLANG_DFLASH_DDTREE_BUDGET`` set)."""
+
+    def __init__(self, server_args, gpu_id, ps, nccl_port, target_worker):
+        budget = settings.budget_from_env()
+        if budget is None:
+            raise settings.DDTreeConfigError(
+                f"DDTreeWorkerV2 needs {settings.BUDGET_ENV}; SGLang created it without"
+            )
+        arch = mambaish_config(target_worker.model_runner.model_config)
+        if arch is not None:
+            raise settings.DDTreeConfigError(
+                settings.hybrid_target_reason(budget, type(arch).__name__)
+            )
+        super().__init__(server_args, gpu_id, ps, nccl_port, target_worker)
+        block = server_args.speculative_dflash_block_size or self.block_size
+        self.ddtree = settings.DDTreeMode(budget=budget, block_size=int(block))
+        if int(server_args.speculative_num_draft_tokens) != self.ddtree.verify_width:
+            raise settings.DDTreeConfigError(
+                f"DDTree expected speculative_num_draft_tokens={self.ddtree.verify_width}, got "
+                f"{server_args.speculative_num_draft_tokens}: the sglang-dflash plugin's "
+                "argument hook did not run in the launcher"
+            )
+        # DFlash sized its block state from speculative_num_draft_tokens (= N+1 here);
+        # the drafter's block is the draft width B instead.
+        self.block_size = self.ddtree.draft_width
+        self.speculative_num_draft_tokens = self.ddtree.draft_width
+        self._block_pos_offsets = build_block_pos_offsets(
+            length=self.block_size, device=self.device
+        )
+        self._draft_block_spec_info = make_draft_block_spec_info(
+            draft_token_num=self.block_size, device=self.device
+        )
+        self._verify_kernel = _tree_kernel()
+        self._renorm = _renorm_kernels()
+        self._topk_head: DraftTopKHead | None = None
+        vocab = int(target_worker.model_runner.model_config.vocab_size)
+        self._topk_k = min(budget, vocab)
+        self._plant = self._load_plant()
+        if SIMULATE_ACC_LEN > 0:
+            logger.warning("SGLANG_SIMULATE_ACC_LEN is ignored in DDTree mode (chain-only).")
+        if self.ps.tp_rank == 0:
+            logger.info(
+                "DDTree mode: budget N=%d, verify width %d, draft width %d, top-K %d.",
+                budget,
+                self.ddtree.verify_width,
+                self.block_size,
+                self._topk_k,
+            )
+
+    # ---- setup ---------------------------------------------------------------------------
+
+    def _load_plant(self):
+        path = os.environ.get(settings.PLANT_ENV, "").strip()
+        if not path:
+            return None
+        spec = plant_mod.load_plant(path)
+        logger.warning(
+            "!!! %s=%s: TEST-ONLY PLANTED DRAFT SOURCE ACTIVE. The drafter's proposals are "
+            "being overwritten (%d planted requests). Never run this in production. !!!",
+            settings.PLANT_ENV,
+            path,
+            len(spec.requests),
+        )
+        return spec
+
+    def _lm_head_shard(self):
+        """(weight, num_org, vocab_start) of the target LM head, or a one-line error."""
+        lm_head = getattr(self._target_worker.model_runner.model, "lm_head", None)
+        if lm_head is None or not hasattr(lm_head, "weight"):
+            raise settings.DDTreeConfigError("DDTree needs a target model with lm_head.weight")
+        if not torch.is_floating_point(lm_head.weight):
+            raise settings.DDTreeConfigError("DDTree does not support a quantized target lm_head")
+        if hasattr(lm_head, "shard_indices"):
+            shard = lm_head.shard_indices
+            if int(shard.num_added_elements) != 0:
+                raise settings.DDTreeConfigError("DDTree does not support added vocabulary")
+            return lm_head.weight, int(shard.num_org_elements), int(shard.org_vocab_start_index)
+        if get_tp_group().world_size != 1:
+            raise settings.DDTreeConfigError("DDTree with tp>1 needs a vocab-parallel lm_head")
+        return lm_head.weight, int(lm_head.weight.shape[0]), 0
+
+    def _maybe_build_draft_sampler(self):
+        """Fold the top-K head (not DFlash's argmax) into the draft CUDA graph."""
+        if envs.SGLANG_DFLASH_EAGER_DRAFT_SAMPLER.get() or self.block_size <= 1:
+            return None
+        weight, num_org, vocab_start = self._lm_head_shard()
+        tp_group = get_tp_group()
+        self._topk_head = DraftTopKHead(
+            weight=weight,
+            block_size=self.block_size,
+            k=self._topk_k,
+            num_org=num_org,
+            vocab_start=vocab_start,
+            max_bs=max(get_exec().graph.cuda_graph_config.decode.bs),
+            tp_group=tp_group if tp_group.world_size > 1 else None,
+        )
+        return self._topk_head
+
+    def init_cuda_graphs(self):
+        # DFlash's init appends a capture hook for whatever _maybe_build_draft_sampler returns;
+        # ours returns the top-K head, and its greedy `out` buffer is never read here.
+        super().init_cuda_graphs()
+        if self._draft_sampler is not None and self._draft_sampler is not self._topk_head:
+            raise RuntimeError("DDTree draft head was not installed")
+
+    # ---- one round -------------------------------------------------------------------------
+
+    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
+        if (
+            batch.forward_mode.is_extend()
+            or batch.is_extend_in_batch
+            or batch.forward_mode.is_idle()
+        ):
+            return super().forward_batch_generation(batch, on_publish, grammar_barrier)
+        if getattr(batch, "return_logprob", False):
+            raise ValueError("DFLASH speculative decoding does not support return_logprob yet.")
+        if batch.has_grammar:
+            raise RuntimeError("DDTree mode rejects grammar requests at admission")
+        if batch.spec_info is None:
+            batch.spec_info = DFlashDraftInputV2.create_idle_input(device=self.device)
+        draft_input = batch.spec_info
+        if not isinstance(draft_input, DFlashDraftInputV2):
+            raise RuntimeError("DDTree expected DFlashDraftInputV2 state on the running batch.")
+        batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
+        return self._ddtree_round(batch, draft_input, on_publish)
+
+    def _prepare_draft_block(self, batch, draft_input, bs):
+        """Block ids [bonus, MASK..], positions prefix+j and the block's KV slots (width B)."""
+        self._ensure_draft_block_buffers(bs)
+        block_ids = self._draft_block_ids_buf[:bs]
+        positions_2d = self._draft_block_positions_buf[:bs]
+        cache_loc_2d = self._draft_verify_out_cache_loc_buf[:bs]
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        prefix_lens = batch.seq_lens
+        if self._use_triton_prepare_block:
+            try:
+                _prepare_dflash_draft_block_unchecked(
+                    bonus_tokens=draft_input.bonus_tokens.view(-1),
+                    prefix_lens=prefix_lens.view(-1),
+                    req_pool_indices=batch.req_pool_indices.view(-1),
+                    req_to_token=req_to_token,
+                    block_ids_out=block_ids,
+                    positions_out=positions_2d,
+                    cache_loc_out=cache_loc_2d,
+                    mask_token_id=int(self._mask_token_id),
+                )
+                return block_ids, positions_2d, cache_loc_2d
+            except Exception as exc:  # same fallback as DFlash
+                self._use_triton_prepare_block = False
+                logger.warning("DDTree Triton prepare_block failed; using eager path: %s", exc)
+        block_ids.fill_(int(self._mask_token_id))
+        block_ids[:, 0].copy_(draft_input.bonus_tokens)
+        torch.add(prefix_lens.unsqueeze(1), self._block_pos_offsets, out=positions_2d)
+        locs = assign_extend_cache_locs_func(
+            req_pool_indices=batch.req_pool_indices,
+            req_to_token=req_to_token,
+            start_offset=prefix_lens,
+            end_offset=prefix_lens + self.block_size,
+            batch_size=bs,
+            draft_token_num=self.block_size,
+            device=self.device,
+        )
+        cache_loc_2d.copy_(locs.view(bs, self.block_size))
+        return block_ids, positions_2d, cache_loc_2d
+
+    def _draft_topk(self, batch, draft_input, bs):
+        """Run the drafter; per-depth top-K ``(logp, ids)`` ``[bs, L, K]`` plus block state."""
+        target_model = self._target_worker.model_runner.model
+        block_ids, positions_2d, cache_loc_2d = self._prepare_draft_block(batch, draft_input, bs)
+        noise = target_model.get_input_embeddings()(block_ids)
+        seq_lens_cpu = self._draft_seq_lens_cpu_buf[:bs]
+        if batch.seq_lens_cpu is not None:
+            seq_lens_cpu.copy_(batch.seq_lens_cpu)
+            seq_lens_cpu.add_(self.block_size)
+            seq_lens_sum = int(seq_lens_cpu.sum())
+        elif draft_input.reserved_seq_lens_cpu is not None:
+            seq_lens_cpu.copy_(draft_input.reserved_seq_lens_cpu)
+            seq_lens_sum = int(draft_input.reserved_seq_lens_sum)
+        else:
+            seq_lens_cpu.copy_(batch.seq_lens.to("cpu", dtype=torch.int32))
+            seq_lens_sum = int(batch.seq_lens.sum().item())
+        fb = ForwardBatch(
+            forward_mode=ForwardMode.TARGET_VERIFY,
+            batch_size=bs,
+            input_ids=block_ids.flatten(),
+            req_pool_indices=batch.req_pool_indices,
+            seq_lens=batch.seq_lens,
+            out_cache_loc=cache_loc_2d.reshape(-1),
+            seq_lens_sum=seq_lens_sum,
+            seq_lens_cpu=seq_lens_cpu,
+            positions=positions_2d.reshape(-1),
+            input_embeds=noise.view(-1, noise.shape[-1]),
+            spec_algorithm=SpeculativeAlgorithm.DFLASH,
+            spec_info=self._draft_block_spec_info,
+            capture_hidden_mode=CaptureHiddenMode.NULL,
+        )
+        with torch.inference_mode():
+            out = self.draft_model_runner.forward(fb)
+        if self._topk_head is not None and out.can_run_graph:
+            logp, ids = self._topk_head.read(bs)
+        else:
+            hidden = out.logits_output.hidden_states
+            if hidden is None:
+                raise RuntimeError("DFLASH draft model returned no hidden states.")
+            hidden = hidden.view(bs, self.block_size, -1)[:, 1:, :]
+            weight, num_org, vocab_start = self._lm_head_shard()
+            tp_group = get_tp_group()
+            logp, ids = draft_topk(
+                hidden.reshape(-1, hidden.shape[-1]),
+                weight,
+                self._topk_k,
+                num_org=num_org,
+                vocab_start=vocab_start,
+                tp_group=tp_group if tp_group.world_size > 1 else None,
+            )
+            depth = self.block_size - 1
+            logp, ids = logp.view(bs, depth, -1), ids.view(bs, depth, -1)
+        if self._plant is not None:
+            logp, ids = self._apply_plant(batch, block_ids[:, 0], logp, ids)
+        return logp, ids, block_ids, positions_2d, cache_loc_2d
+
+    def _apply_plant(self, batch, roots, logp, ids):
+        """TEST-ONLY: rewrite top-K ids (and log-probs) per the plant file (host sync)."""
+        prefix = batch.seq_lens.tolist()
+        root_list = roots.tolist()
+        rows, lp_rows = ids.tolist(), logp.tolist()
+        depth, k = ids.shape[1], ids.shape[2]
+        for b, req in enumerate(batch.reqs):
+            planted = self._plant.find(tuple(req.origin_input_ids))
+            if planted is None:
+                continue
+            ovs = plant_mod.row_overrides(
+                planted, len(req.origin_input_ids), prefix[b], root_list[b], depth
+            )
+            if not ovs:
+                continue
+            rows[b] = plant_mod.apply_overrides(rows[b], ovs)
+            if self._plant.logp_profile is not None:
+                lp_rows[b] = [plant_mod.profile_row(self._plant.logp_profile, k)] * depth
+        return (
+            torch.tensor(lp_rows, dtype=logp.dtype, device=logp.device),
+            torch.tensor(rows, dtype=ids.dtype, device=ids.device),
+        )
+
+    def _ddtree_round(self, batch, draft_input, on_publish):
+        bs = len(batch.seq_lens)
+        width = self.ddtree.verify_width
+        prefix_lens = batch.seq_lens
+        logp, ids, block_ids, positions_2d, cache_loc_2d = self._draft_topk(batch, draft_input, bs)
+
+        # --- tree on the GPU, verify inputs, no host sync.
+        tree = build_tree(logp, ids, block_ids[:, 0], prefix_lens, self.ddtree.budget)
+        verify_loc = assign_extend_cache_locs_func(
+            req_pool_indices=batch.req_pool_indices,
+            req_to_token=self.model_runner.req_to_token_pool.req_to_token,
+            start_offset=prefix_lens,
+            end_offset=prefix_lens + width,
+            batch_size=bs,
+            draft_token_num=width,
+            device=self.device,
+        )
+        seq_lens_cpu_backup, seq_lens_sum_backup = batch.seq_lens_cpu, batch.seq_lens_sum
+        # Host bound of the device prefixes: committed (lagging one step) + one round's growth.
+        if seq_lens_cpu_backup is not None:
+            bound = seq_lens_cpu_backup + width
+            host_sum = int(bound.sum())
+            batch.seq_lens_cpu, batch.seq_lens_sum = bound, host_sum
+        elif draft_input.reserved_seq_lens_cpu is not None:
+            batch.seq_lens_cpu = draft_input.reserved_seq_lens_cpu
+            host_sum = int(draft_input.reserved_seq_lens_sum)
+            batch.seq_lens_sum = host_sum
+        else:
+            host_sum = int(prefix_lens.sum().item()) + bs * width
+        # Every prefix is below the context length, so cap the mask there: the Triton backend
+        # copies it into a buffer sized max_bs * W * (context_len + W).
+        mask_sum = min(host_sum, bs * int(self.model_runner.model_config.context_len))
+        vt = build_verify_tensors(tree, prefix_lens, mask_sum)
+        verify_input = DDTreeVerifyInput(
+            draft_token=vt.tokens,
+            positions=vt.positions,
+            draft_token_num=width,
+            custom_mask=vt.custom_mask,
+            capture_hidden_mode=CaptureHiddenMode.FULL,
+        )
+        verify_input.tree = tree
+        batch.out_cache_loc = verify_loc
+        verify_fb, _ = verify_input.prepare_for_verify(batch, self._target_worker)
+        batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu_backup, seq_lens_sum_backup
+        target_out = self._target_worker.forward_batch_generation(
+            batch=None, forward_batch=verify_fb, is_verify=True, skip_attn_backend_init=True
+        )
+        logits_output = target_out.logits_output
+        sampling_info = batch.sampling_info
+        if sampling_info is not None:
+            apply_dflash_verify_logits_adjustments(
+                next_token_logits=logits_output.next_token_logits,
+                sampling_info=sampling_info,
+                draft_token_num=width,
+            )
+
+        # --- acceptance: the target's choice per node, then the greedy walk.
+        logits = logits_output.next_token_logits
+        if sampling_info is None or sampling_info.is_all_greedy:
+            choice = torch.argmax(logits, dim=-1).view(bs, width)
+        else:
+            choice = per_node_targets(
+                logits,
+                width,
+                sampling_info.temperatures,
+                top_ks=sampling_info.top_ks if sampling_info.need_top_k_sampling else None,
+                top_ps=sampling_info.top_ps if sampling_info.need_top_p_sampling else None,
+                min_ps=sampling_info.min_ps if sampling_info.need_min_p_sampling else None,
+                renorm=self._renorm,
+            )
+        acc = greedy_accept(tree, choice, kernel=self._verify_kernel)
+
+        # --- compaction: accepted nodes' target KV to prefix..prefix+commit-1.
+        move_accept_tokens_to_target_kvcache(
+            batch,
+            acc.accept_index.to(torch.int32),
+            acc.accept_len.to(torch.int32),
+            self.model_runner.token_to_kv_pool_allocator,
+        )
+        new_seq_lens = prefix_lens + acc.commit_lens.to(prefix_lens.dtype)
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+
+        # --- drafter KV for the committed tokens, from hidden states along the path.
+        hidden = logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("DDTree verify requires target hidden states, but got None.")
+        path_hidden = gather_accepted_rows(hidden, acc.accept_index)  # [bs*B, F]
+        self._append_target_hidden_to_draft_kv_by_loc(
+            target_hidden=path_hidden,
+            cache_loc=cache_loc_2d.reshape(-1),
+            cache_loc_2d=cache_loc_2d,
+            positions=positions_2d.reshape(-1),
+            commit_lens=acc.commit_lens,
+        )
+        logits_output.hidden_states = None
+
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=acc.out_tokens.reshape(-1),
+            accept_lens=acc.commit_lens,
+            can_run_cuda_graph=target_out.can_run_cuda_graph,
+            next_draft_input=self._make_next_draft_input_decode(
+                bonus_tokens=acc.bonus, new_seq_lens=new_seq_lens
+            ),
+            speculative_num_draft_tokens=self.block_size,
+            new_seq_lens=new_seq_lens,
+        )

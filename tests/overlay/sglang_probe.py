@@ -1,0 +1,222 @@
+"""Runs INSIDE the SGLang CPU env (a subprocess of the tests): exercises the real SGLang 0.5.17
+code paths the DDTree plugin hooks and prints one JSON object of observations.
+
+Usage: python sglang_probe.py <model_dir> <draft_dir>
+The plugin is loaded through SGLang's own ``load_plugins()`` (real entry-point discovery), so
+whether hooks exist depends on SGLANG_DFLASH_DDTREE_BUDGET in this process's environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from types import SimpleNamespace
+
+BUDGET = "SGLANG_DFLASH_DDTREE_BUDGET"
+
+
+def server_args(model, draft, **kw):
+    """(ServerArgs or None, error line or None) through SGLang's real __post_init__ path."""
+    from sglang.srt.server_args import ServerArgs
+
+    args = dict(
+        model_path=model,
+        speculative_algorithm="DFLASH",
+        speculative_draft_model_path=draft,
+        attention_backend="flashinfer",
+        device="cuda",
+        skip_tokenizer_init=True,
+        load_format="dummy",
+    )
+    args.update(kw)
+    try:
+        return ServerArgs(**args), None
+    except Exception as exc:
+        lines = str(exc).splitlines()
+        return None, f"{type(exc).__name__}: {lines[0] if lines else ''}|lines={len(lines)}"
+
+
+def widths(sa):
+    return (
+        None if sa is None else [sa.speculative_num_draft_tokens, sa.speculative_dflash_block_size]
+    )
+
+
+def with_env(value, fn):
+    old = os.environ.get(BUDGET)
+    if value is None:
+        os.environ.pop(BUDGET, None)
+    else:
+        os.environ[BUDGET] = value
+    try:
+        return fn()
+    finally:
+        if old is None:
+            os.environ.pop(BUDGET, None)
+        else:
+            os.environ[BUDGET] = old
+
+
+def main(model: str, draft: str) -> dict:
+    import torch
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    load_plugins()
+    out: dict = {"hooks": sorted(HookRegistry._hooks), "patched": sorted(HookRegistry._patched)}
+
+    import sglang.srt.arg_groups.speculative_hook as sh
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+    from sglang.srt.speculative import dflash_utils, spec_info
+
+    out["wrapped"] = {
+        "handle_dflash": hasattr(sh._handle_dflash, "__wrapped__"),
+        "create_worker": hasattr(spec_info.SpeculativeAlgorithm.create_worker, "__wrapped__"),
+        "get_spec_info": hasattr(DecodeCudaGraphRunner.get_spec_info, "__wrapped__"),
+    }
+
+    # --- argument handling (the launcher's path) -------------------------------------------
+    sa, err = server_args(model, draft)
+    out["args_default"] = {"widths": widths(sa), "error": err}
+    sa_b8, err = server_args(model, draft, speculative_dflash_block_size=8)
+    out["args_block8"] = {"widths": widths(sa_b8), "error": err}
+    small, err = with_env("3", lambda: server_args(model, draft))
+    out["args_budget3"] = {"widths": widths(small), "error": err}
+    for label, value in [("zero", "0"), ("big", "1024"), ("text", "many")]:
+        s, err = with_env(value, lambda: server_args(model, draft))
+        out[f"args_invalid_{label}"] = {"widths": widths(s), "error": err}
+    for backend in ["fa3", "fa4", "trtllm_mha"]:
+        s, err = server_args(model, draft, attention_backend=backend)
+        out[f"args_backend_{backend}"] = {"widths": widths(s), "error": err}
+    s, err = server_args(model, draft, attention_backend="triton")
+    out["args_backend_triton"] = {"widths": widths(s), "error": err}
+    s, err = server_args(model, draft, page_size=16)
+    out["args_page16"] = {"widths": widths(s), "error": err}
+    s, err = server_args(model, draft, speculative_num_draft_tokens=7)
+    out["args_ndt7"] = {"widths": widths(s), "error": err}
+    s, err = server_args(model, draft, pp_size=2)
+    out["args_pp2"] = {"widths": widths(s), "error": err}
+    s, err = server_args(model, draft, speculative_dflash_block_size=1)
+    out["args_block1"] = {"widths": widths(s), "error": err}
+    os.environ["SGLANG_DFLASH_DDTREE_PLANT"] = os.path.join(model, "no-such-plant.json")
+    try:
+        s, err = server_args(model, draft)
+    finally:
+        del os.environ["SGLANG_DFLASH_DDTREE_PLANT"]
+    out["args_bad_plant"] = {"widths": widths(s), "error": err}
+    stock, err = with_env(None, lambda: server_args(model, draft))
+    out["args_unset"] = {"widths": widths(stock), "error": err}
+
+    # --- worker class, draft/target widths, warm-up inputs, graph spec info ----------------
+    algo = spec_info.SpeculativeAlgorithm.DFLASH
+    eagle = spec_info.SpeculativeAlgorithm.EAGLE
+    out["worker"] = None if sa is None else algo.create_worker(sa).__name__
+    out["worker_unset"] = (
+        None if sa is None else with_env(None, lambda: algo.create_worker(sa).__name__)
+    )
+    out["worker_eagle"] = None if sa is None else eagle.create_worker(sa).__name__
+    if sa is not None:
+        from sglang.srt.runtime_context import publish
+
+        publish(sa, role="scheduler")
+        out["tokens_per_req"] = {
+            "draft": algo.get_num_tokens_per_req_for_target_verify(32, True),
+            "target": algo.get_num_tokens_per_req_for_target_verify(32, False),
+            "draft_unset": with_env(
+                None, lambda: algo.get_num_tokens_per_req_for_target_verify(32, True)
+            ),
+        }
+        buf = torch.ones(64, dtype=torch.bool)
+
+        def dummy(is_draft, width):
+            info = spec_info.create_dummy_verify_input(algo, sa, buf, width, is_draft)
+            return [
+                type(info).__name__,
+                info.draft_token_num,
+                info.num_tokens_per_req,
+                info.custom_mask is not None,
+            ]
+
+        out["dummy_verify"] = {
+            "target": dummy(False, 32),
+            "draft": dummy(True, 16),
+            "target_unset": with_env(None, lambda: dummy(False, 32)),
+        }
+
+        def graph_info(is_draft):
+            runner = object.__new__(DecodeCudaGraphRunner)
+            runner.model_runner = SimpleNamespace(
+                spec_algorithm=algo,
+                is_draft_worker=is_draft,
+                # stock DFlash captures FlashInfer verify graphs WITHOUT a mask
+                attn_backend=type("FlashInferAttnBackend", (), {})(),
+            )
+            runner.buffers = SimpleNamespace(custom_mask=buf)
+            runner.captured_req_width = 16 if is_draft else 32
+            runner._capture_ragged_verify_layout = lambda n: None
+            info = runner.get_spec_info(runner.captured_req_width)
+            return [info.draft_token_num, info.custom_mask is buf]
+
+        out["graph_spec_info"] = {
+            "target": graph_info(False),
+            "draft": graph_info(True),
+            "target_unset": with_env(None, lambda: graph_info(False)),
+        }
+
+    # --- the DDTree verify input as the attention backends see it ------------------------
+    out["verify_input"] = None
+    if out["hooks"]:
+        from sglang_dflash.ddtree.tree import build_tree
+        from sglang_dflash.sglang_overlay.verify import build_verify_tensors
+        from sglang_dflash.sglang_overlay.worker import DDTreeVerifyInput
+
+        logp = torch.log_softmax(torch.randn(1, 4, 8), -1).sort(-1, descending=True).values
+        ids = torch.arange(8).repeat(1, 4, 1)
+        tree = build_tree(logp, ids, torch.tensor([3]), torch.tensor([10]), 4)
+        vt = build_verify_tensors(tree, torch.tensor([10]), 12)
+        vi = DDTreeVerifyInput(
+            draft_token=vt.tokens,
+            positions=vt.positions,
+            draft_token_num=5,
+            custom_mask=vt.custom_mask,
+        )
+        vi.tree = tree
+        out["verify_input"] = {
+            "type": vi.spec_input_type.name,
+            "is_verify": vi.is_verify_input(),
+            "width": vi.num_tokens_per_req,
+            "max_tree_depth": vi.max_tree_depth,
+            "tree_topk": vi.tree_topk,
+            "mask": vi.custom_mask is not None,
+        }
+
+    # --- request admission -------------------------------------------------------------------
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    def req(**sp):
+        return SimpleNamespace(
+            return_logprob=sp.pop("logprob", False),
+            return_hidden_states=False,
+            sampling_params=SamplingParams(**sp),
+        )
+
+    out["validate"] = {
+        "plain": dflash_utils.validate_dflash_request(req(), True),
+        "regex": dflash_utils.validate_dflash_request(req(regex="a+"), True),
+        "json": dflash_utils.validate_dflash_request(req(json_schema="{}"), True),
+        "logprob": dflash_utils.validate_dflash_request(req(logprob=True), True),
+        "regex_unset": with_env(
+            None, lambda: dflash_utils.validate_dflash_request(req(regex="a+"), True)
+        ),
+    }
+    return out
+
+
+if __name__ == "__main__":
+    try:
+        result = main(sys.argv[1], sys.argv[2])
+    except Exception:
+        result = {"crash": traceback.format_exc()}
+    print("PROBE-JSON " + json.dumps(result))

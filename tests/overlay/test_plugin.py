@@ -1,0 +1,72 @@
+"""The plugin entry and hook table without SGLang: nothing happens while the switch is unset."""
+
+from __future__ import annotations
+
+import importlib.util
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_dflash import plugin
+from sglang_dflash.sglang_overlay import hooks
+
+
+class _Registry:
+    """Records registrations the way SGLang's HookRegistry.register receives them."""
+
+    def __init__(self):
+        self.calls = []
+
+    def register(self, target, hook, hook_type):
+        self.calls.append((target, hook, hook_type))
+
+
+def test_unset_switch_registers_nothing_and_imports_no_sglang(monkeypatch):
+    monkeypatch.delenv("SGLANG_DFLASH_DDTREE_BUDGET", raising=False)
+    assert plugin.register() == []
+    monkeypatch.setenv("SGLANG_DFLASH_DDTREE_BUDGET", "  ")
+    assert plugin.register() == []
+
+
+def test_set_switch_needs_sglang(monkeypatch):
+    if importlib.util.find_spec("sglang") is not None:
+        pytest.skip("sglang is importable here; tests/overlay/test_sglang_hooks.py covers it")
+    monkeypatch.setenv("SGLANG_DFLASH_DDTREE_BUDGET", "8")
+    with pytest.raises(ModuleNotFoundError):
+        plugin.register()
+
+
+def test_hook_table_registers_six_around_hooks():
+    reg = _Registry()
+    hook_type = SimpleNamespace(AROUND="around")
+    targets = hooks.register_all(reg, hook_type)
+    assert len(targets) == len(set(targets)) == 6
+    assert all(t.startswith("sglang.srt.") for t in targets)
+    assert [c[0] for c in reg.calls] == targets
+    assert {c[2] for c in reg.calls} == {"around"}
+    assert all(callable(c[1]) for c in reg.calls)
+
+
+def test_hooks_pass_through_when_unset(monkeypatch):
+    monkeypatch.delenv("SGLANG_DFLASH_DDTREE_BUDGET", raising=False)
+    seen = []
+
+    def original(*args):
+        seen.append(args)
+        return "stock"
+
+    assert hooks.handle_dflash(original, "ARGS") == "stock"
+    assert hooks.validate_request(original, "REQ", True) == "stock"
+    assert hooks.create_worker(original, SimpleNamespace(is_dflash=lambda: True), "SA") == "stock"
+    assert seen == [("ARGS",), ("REQ", True), (seen[2][0], "SA")]
+
+
+@pytest.mark.parametrize(
+    ("params", "kind"),
+    [({}, None), ({"regex": "a+"}, "regex"), ({"json_schema": "{}"}, "json_schema"),
+     ({"ebnf": "x"}, "ebnf"), ({"structural_tag": "t"}, "structural_tag"), ({"regex": ""}, None)],
+)  # fmt: skip
+def test_request_grammar(params, kind):
+    fields = dict.fromkeys(hooks.GRAMMAR_FIELDS)
+    fields.update(params)
+    assert hooks.request_grammar(SimpleNamespace(sampling_params=SimpleNamespace(**fields))) == kind

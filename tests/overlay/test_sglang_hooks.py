@@ -1,0 +1,192 @@
+"""The plugin inside real SGLang 0.5.17 code (CPU env, subprocess per switch setting).
+
+Needs the env built by tests/overlay/install_sglang_cpu.sh, named by SGLANG_DFLASH_SGLANG_SITE
+(the venv directory); skipped with the reason when it is absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+SITE_ENV = "SGLANG_DFLASH_SGLANG_SITE"
+BUDGET = "SGLANG_DFLASH_DDTREE_BUDGET"
+
+TARGET_CFG = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 512,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "hidden_act": "silu",
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False,
+}
+DRAFT_CFG = {
+    **TARGET_CFG,
+    "architectures": ["DFlashDraftModel"],
+    "num_hidden_layers": 1,
+    "block_size": 16,
+    "num_target_layers": 4,
+    "dflash_config": {"target_layer_ids": [1, 2], "mask_token_id": 511},
+}
+
+
+def _python() -> Path:
+    site = os.environ.get(SITE_ENV, "").strip()
+    if not site:
+        pytest.skip(
+            f"{SITE_ENV} is not set: build the env with tests/overlay/install_sglang_cpu.sh"
+        )
+    py = Path(site) / "bin" / "python"
+    if not py.exists():
+        pytest.skip(f"{SITE_ENV}={site} has no bin/python")
+    return py
+
+
+def _run_probe(py: Path, models: Path, budget: str | None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in (BUDGET, "SGLANG_PLUGINS")}
+    if budget is not None:
+        env[BUDGET] = budget
+    proc = subprocess.run(
+        [str(py), str(HERE / "sglang_probe.py"), str(models / "target"), str(models / "draft")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=str(models),
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE-JSON ")]
+    assert lines, f"probe printed no result (rc={proc.returncode}): {proc.stderr[-2000:]}"
+    data = json.loads(lines[-1][len("PROBE-JSON ") :])
+    assert "crash" not in data, data.get("crash")
+    return data
+
+
+@pytest.fixture(scope="module")
+def probes(tmp_path_factory) -> dict:
+    py = _python()
+    models = tmp_path_factory.mktemp("models")
+    for name, cfg in (("target", TARGET_CFG), ("draft", DRAFT_CFG)):
+        (models / name).mkdir()
+        (models / name / "config.json").write_text(json.dumps(cfg))
+    with ThreadPoolExecutor(2) as pool:
+        on = pool.submit(_run_probe, py, models, "31")
+        off = pool.submit(_run_probe, py, models, None)
+        return {"on": on.result(), "off": off.result()}
+
+
+def _one_line_error(entry: dict, *needles: str) -> str:
+    assert entry["widths"] is None, entry
+    err = entry["error"]
+    assert err is not None and err.endswith("|lines=1"), err
+    for n in needles:
+        assert n in err, err
+    return err
+
+
+def test_entry_point_registers_six_around_hooks(probes):
+    on = probes["on"]
+    assert len(on["hooks"]) == 6
+    assert on["patched"] == on["hooks"]
+    assert all(on["wrapped"].values())
+
+
+def test_switch_unset_registers_nothing(probes):
+    off = probes["off"]
+    assert off["hooks"] == [] and off["patched"] == []
+    assert not any(off["wrapped"].values())
+    assert off["args_default"]["widths"] == [16, None]
+    assert off["worker"] == "DFlashWorkerV2"
+    assert off["tokens_per_req"]["draft"] == 32  # stock passes the width through
+    assert off["verify_input"] is None
+
+
+def test_server_args_verify_width_is_budget_plus_one(probes):
+    on = probes["on"]
+    assert on["args_default"]["widths"] == [32, 16]  # N=31, B from the draft config
+    assert on["args_block8"]["widths"] == [32, 8]  # B from --speculative-dflash-block-size
+    assert on["args_budget3"]["widths"] == [4, 4]  # draft width min(B, N+1)
+    assert on["args_backend_triton"]["widths"] == [32, 16]
+
+
+def test_unset_at_call_time_is_stock(probes):
+    on = probes["on"]
+    assert on["args_unset"]["widths"] == [16, None]
+    assert on["worker_unset"] == "DFlashWorkerV2"
+    assert on["tokens_per_req"]["draft_unset"] == 32
+    assert on["dummy_verify"]["target_unset"][3] is False
+    assert on["graph_spec_info"]["target_unset"] == [32, False]
+    assert on["validate"]["regex_unset"] is None
+
+
+@pytest.mark.parametrize("label", ["zero", "big", "text"])
+def test_invalid_budget_fails_with_one_line(probes, label):
+    _one_line_error(probes["on"][f"args_invalid_{label}"], "SGLANG_DFLASH_DDTREE_BUDGET")
+
+
+@pytest.mark.parametrize("backend", ["fa3", "fa4"])
+def test_unsupported_backend_fails_with_one_line(probes, backend):
+    _one_line_error(probes["on"][f"args_backend_{backend}"], "flashinfer or triton", backend)
+
+
+def test_trtllm_target_fails_with_one_line(probes):
+    # On a CPU box SGLang itself refuses trtllm_mha first (Blackwell only); either way one line.
+    _one_line_error(probes["on"]["args_backend_trtllm_mha"])
+
+
+def test_other_unsupported_combinations(probes):
+    on = probes["on"]
+    _one_line_error(on["args_page16"], "--page-size 1")
+    _one_line_error(on["args_pp2"], "--pp-size 1")
+    _one_line_error(on["args_ndt7"], "N+1=32")
+    _one_line_error(on["args_block1"], "block size >= 2")
+    _one_line_error(on["args_bad_plant"], "no-such-plant.json", "cannot read")
+    assert probes["off"]["args_bad_plant"]["widths"] == [16, None]  # switch unset: ignored
+
+
+def test_worker_class_and_widths(probes):
+    on = probes["on"]
+    assert on["verify_input"] == {
+        "type": "DFLASH_VERIFY",
+        "is_verify": True,
+        "width": 5,
+        "max_tree_depth": 5,
+        "tree_topk": -1,
+        "mask": True,
+    }
+    assert on["worker"] == "DDTreeWorkerV2"
+    assert on["worker_eagle"] == "EAGLEWorkerV2"
+    assert on["tokens_per_req"] == {"draft": 16, "target": 32, "draft_unset": 32}
+
+
+def test_cuda_graph_inputs_carry_mask_for_target_only(probes):
+    on = probes["on"]
+    assert on["dummy_verify"]["target"] == ["DFlashVerifyInput", 32, 32, True]
+    assert on["dummy_verify"]["draft"] == ["DFlashVerifyInput", 16, 16, False]
+    assert on["graph_spec_info"]["target"] == [32, True]
+    assert on["graph_spec_info"]["draft"] == [16, False]
+    off = probes["off"]
+    assert off["graph_spec_info"]["target"] == [32, False]  # stock FlashInfer: no mask
+
+
+def test_grammar_requests_rejected_others_unchanged(probes):
+    v = probes["on"]["validate"]
+    assert v["plain"] is None
+    assert "grammar" in v["regex"] and "regex" in v["regex"]
+    assert "json_schema" in v["json"]
+    assert "return_logprob" in v["logprob"]  # stock check still runs first
+    assert probes["off"]["validate"]["regex"] is None
