@@ -57,7 +57,8 @@ HOST_LIBRARY = re.compile(r"nvidia-.*|cuda-toolkit")
 
 # Optional heavy wheels not imported at startup with the triton/flashinfer attention backends
 # (seen on the H200: shared/research/gpu-probe.md). Leaving one out disables only the feature
-# named here.
+# named here. xgrammar is NOT optional: sglang/srt/server_args.py imports it through the
+# function-call parsers (seen on the H200, 2026-12-02: "No module named 'xgrammar'").
 OPTIONAL_HEAVY = {
     "tokenspeed-triton": "95 MB; Triton fork used only by tokenspeed-mla's MLA kernels",
     "nvidia-cutlass-dsl-libs-cu12": "88 MB; CuTe DSL runtime for CUDA 12 (host is CUDA 13)",
@@ -66,7 +67,6 @@ OPTIONAL_HEAVY = {
     "nvidia-nvvm": "75 MB; NVVM for the CuTe DSL / numba-cuda JIT, not used by triton attention",
     "tilelang": "50 MB; imported only by DSA (DeepSeek sparse attention) kernels",
     "nvidia-cuda-nvcc": "47 MB; the host has nvcc 13.0 (CUDA_HOME) for flashinfer's JIT",
-    "xgrammar": "45 MB; grammar-constrained decoding / structural-tag tool parsers only",
     "z3-solver": "29 MB; a solver used by tilelang/helion autotuning only",
     "nvidia-mathdx": "23 MB; cuBLASDx/cuFFTDx headers for numba-cuda device code only",
 }

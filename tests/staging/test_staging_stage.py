@@ -160,7 +160,7 @@ def synthetic_repo(tmp_path):
                 {sg: b"VALUE = 1\n", "sglang/__init__.py": b""},
             ),
         ],
-        deps='    { name = "torch" },\n    { name = "xgrammar" },\n'
+        deps='    { name = "torch" },\n    { name = "tilelang" },\n'
         '    { name = "sglang-kernel" },\n    { name = "helper" },',
     )
     lock += _lock_entry(
@@ -215,15 +215,15 @@ def synthetic_repo(tmp_path):
         [make_wheel(wh, "sympy", "1.14.0", "py3-none-any", {"sympy/__init__.py": b""})],
     )
     lock += _lock_entry(
-        "xgrammar",
+        "tilelang",
         "0.2.1",
         [
             make_wheel(
                 wh,
-                "xgrammar",
+                "tilelang",
                 "0.2.1",
                 "cp312-cp312-manylinux_2_28_x86_64",
-                {"xgrammar/__init__.py": b""},
+                {"tilelang/__init__.py": b""},
             )
         ],
         deps='    { name = "only-xg" },',
@@ -291,12 +291,12 @@ def test_stage_then_unstage_end_to_end(synthetic_repo, tmp_path):
         "cuda-toolkit",
         "nvidia-cublas",
         "sympy",
-        "xgrammar",
+        "tilelang",
         "only-xg",
     }
     assert reasons["nvidia-cublas"].startswith("brought by the host's torch")
-    assert reasons["xgrammar"].startswith("optional")
-    assert reasons["only-xg"] == "needed only by packages left out (xgrammar)"
+    assert reasons["tilelang"].startswith("optional")
+    assert reasons["only-xg"] == "needed only by packages left out (tilelang)"
     assert reasons["sympy"] == "needed only by packages left out (torch)"
     assert m["patches_applied"] == ["0001-value.patch"]
     assert [d["path"] for d in m["dropped_files"]] == ["sgl_kernel/flash_ops.abi3.so"]
@@ -311,7 +311,7 @@ def test_stage_then_unstage_end_to_end(synthetic_repo, tmp_path):
     assert u.returncode == 0, u.stderr
     assert (dest / "sglang" / "srt" / "x.py").read_text() == "VALUE = 2\n"  # cp312, patched
     assert not (dest / "sgl_kernel" / "flash_ops.abi3.so").exists()
-    assert not (dest / "torch").exists() and not (dest / "xgrammar").exists()
+    assert not (dest / "torch").exists() and not (dest / "tilelang").exists()
     eps = list(dest.glob("sglang_dflash-*.dist-info/entry_points.txt"))
     assert eps and "ddtree = sglang_dflash.plugin:register" in eps[0].read_text()
 
