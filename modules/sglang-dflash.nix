@@ -194,7 +194,7 @@ let
       preflight = mkOption {
         type = types.bool;
         default = true;
-        description = "Run `sglang-dflash check --offline` in ExecStartPre: a broken environment never starts, and the journal says why.";
+        description = "Run `sglang-dflash check --offline --config <instance config>` in ExecStartPre (it also validates the config): a broken environment never starts, and the journal says why.";
       };
       startTimeout = mkOption {
         type = types.ints.positive;
@@ -343,7 +343,7 @@ let
         WorkingDirectory = "/var/lib/${sub}";
         ExecStart = "${exe} serve --config ${configFile}";
       }
-      // lib.optionalAttrs i.preflight { ExecStartPre = "${exe} check --offline"; }
+      // lib.optionalAttrs i.preflight { ExecStartPre = "${exe} check --offline --config ${configFile}"; }
       // lib.optionalAttrs (i.user != null) {
         User = i.user;
         Group = if i.group != null then i.group else i.user;

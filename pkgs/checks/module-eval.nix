@@ -61,9 +61,9 @@ let
   ]) names
   ++ [
     (check (
-      builtins.match ".*/bin/sglang-dflash check --offline" (unitOf "tree").serviceConfig.ExecStartPre
+      builtins.match ".*/bin/sglang-dflash check --offline --config .*sglang-dflash-tree\\.json" (unitOf "tree").serviceConfig.ExecStartPre
       != null
-    ) "sglang-dflash-tree: preflight on but no `check --offline` in ExecStartPre")
+    ) "sglang-dflash-tree: preflight on but no `check --offline --config` in ExecStartPre")
     (check (
       !((unitOf "small").serviceConfig ? ExecStartPre)
     ) "sglang-dflash-small: preflight off but ExecStartPre is set")

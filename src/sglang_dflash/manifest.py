@@ -9,8 +9,10 @@ with the package so `sglang-dflash check` can verify an installation against it.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import hashlib
 import json
+import os
 import sys
 import tomllib
 from dataclasses import asdict, dataclass, field
@@ -119,14 +121,49 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def glob_match(parts: tuple[str, ...], pattern: tuple[str, ...]) -> bool:
+    """pathlib glob semantics on path segments: `**` spans any number of directories,
+    other wildcards stay inside one segment (fnmatch alone would let `*` cross a `/`).
+    parts name a file, and a trailing `**` matches only directories, so never a file."""
+    if not pattern:
+        return not parts
+    head, rest = pattern[0], pattern[1:]
+    if head == "**":
+        if not rest:
+            return False
+        return any(glob_match(parts[i:], rest) for i in range(len(parts) + 1))
+    return bool(parts) and fnmatch.fnmatchcase(parts[0], head) and glob_match(parts[1:], rest)
+
+
+def walk_files(root: Path) -> list[tuple[str, ...]]:
+    """Every file under root as path segments, entering symlinked directories.
+
+    Python 3.11's Path.glob("**") does not follow symlinks to directories, and in a Nix
+    environment the overlay's subdirectories can be exactly that. A directory reached twice
+    (a symlink loop) is walked once.
+    """
+    seen: set[tuple[int, int]] = set()
+    out: list[tuple[str, ...]] = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        st = os.stat(dirpath)
+        if (st.st_dev, st.st_ino) in seen:
+            dirnames.clear()
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        rel = Path(dirpath).relative_to(root).parts
+        out += [(*rel, f) for f in filenames if os.path.isfile(os.path.join(dirpath, f))]
+    return out
+
+
 def glob_files(root: Path, globs: list[str]) -> list[str]:
     """Files under root matching the globs, as sorted posix paths relative to root."""
-    found: set[str] = set()
-    for pattern in globs:
-        for p in root.glob(pattern):
-            if p.is_file() and "__pycache__" not in p.parts:
-                found.add(p.relative_to(root).as_posix())
-    return sorted(found)
+    patterns = [tuple(Path(g).parts) for g in globs]
+    return sorted(
+        "/".join(parts)
+        for parts in walk_files(root)
+        if any(glob_match(parts, pat) for pat in patterns)
+    )
 
 
 def build_manifest(pins: Pins, overlay: Overlay, root: Path,

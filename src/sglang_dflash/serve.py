@@ -3,7 +3,8 @@
 Starts `python -m sglang.launch_server` (this interpreter) as a child, polls /health, and
 tells systemd READY=1 only when the server answers. A child that dies before it is ready
 fails the start within about a second, with its last stderr lines in the journal; SIGTERM
-and SIGINT are forwarded and serve exits with the child's code.
+and SIGINT are forwarded and serve exits with the child's code, except that SGLang 0.5.17
+ends a graceful shutdown by SIGKILLing itself (kill_process_tree), which counts as a clean stop.
 """
 
 from __future__ import annotations
@@ -77,6 +78,31 @@ def health_host(host: str) -> str:
 def exit_code(returncode: int) -> int:
     """A child killed by signal N reports -N; shells and systemd say 128+N."""
     return 128 - returncode if returncode < 0 else returncode
+
+
+# SGLang's kill_process_tree ends its own graceful shutdown with SIGKILL (then SIGQUIT).
+SELF_KILL_SIGNALS = (signal.SIGKILL, signal.SIGQUIT)
+
+
+@dataclasses.dataclass(frozen=True)
+class StopOutcome:
+    code: int
+    note: str | None = None
+
+
+def stop_outcome(returncode: int, forwarded: int | None, killed_by_us: bool) -> StopOutcome:
+    """serve's exit code once the child is gone, and a one-line note when it is reinterpreted.
+
+    After serve forwarded SIGTERM/SIGINT, a child that then dies by SIGKILL/SIGQUIT (SGLang's
+    kill_process_tree aimed at itself) stopped cleanly (0); without a forwarded signal (an OOM
+    kill, say), or when serve itself killed it after the grace period, that stays a failure.
+    """
+    signum = -returncode if returncode < 0 else None
+    if forwarded is not None and not killed_by_us and signum in SELF_KILL_SIGNALS:
+        name = signal.Signals(signum).name
+        return StopOutcome(0, f"SGLang ended its shutdown with {name} (as 0.5.17 does after "
+                              f"{signal.Signals(forwarded).name}); treating the stop as clean")
+    return StopOutcome(exit_code(returncode))
 
 
 def render_print(cfg: InstanceConfig, python: str = sys.executable) -> str:
@@ -202,6 +228,7 @@ class Supervisor:
         self.grace = grace
         self.signalled: int | None = None
         self.signalled_at = 0.0
+        self.killed = False  # serve itself SIGKILLed the child (grace ran out)
         self.proc = subprocess.Popen(
             argv,
             env=env,
@@ -249,7 +276,20 @@ class Supervisor:
                 if self.signalled is not None and (
                     time.monotonic() - self.signalled_at > self.grace
                 ):
-                    self.proc.kill()
+                    self.kill()
+
+    def kill(self) -> None:
+        self.killed = True
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+
+    def stopped(self) -> int:
+        """serve's exit code after a forwarded signal stopped the child."""
+        self.tail.finish()
+        outcome = stop_outcome(self.proc.returncode, self.signalled, self.killed)
+        if outcome.note:
+            _err(outcome.note)
+        return outcome.code
 
     def stop(self) -> int:
         with contextlib.suppress(ProcessLookupError):
@@ -257,7 +297,7 @@ class Supervisor:
         try:
             return self.proc.wait(timeout=self.grace)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            self.kill()
             return self.proc.wait()
 
 
@@ -304,14 +344,14 @@ def supervise(cfg: InstanceConfig, interval: float, environ: dict[str, str],
         remove_key_config(key_path)
         if ready is False:
             if sup.signalled is not None:
-                sup.tail.finish()
-                return exit_code(sup.proc.returncode)
+                return sup.stopped()
             _report_death(sup, "before it was ready")
             sdnotify.notify("STATUS=SGLang died before it was ready", environ)
             return exit_code(sup.proc.returncode) or 1
         if ready is None and sup.signalled is not None:
-            sup.proc.kill()
-            return exit_code(sup.proc.wait())
+            sup.kill()
+            sup.proc.wait()
+            return sup.stopped()
         if ready is None:
             _err(
                 f"SGLang did not answer /health on {where} within startTimeout="
@@ -329,8 +369,7 @@ def supervise(cfg: InstanceConfig, interval: float, environ: dict[str, str],
         if sup.signalled is None:
             _report_death(sup, "after it was ready")
             return exit_code(code) or 1
-        sup.tail.finish()
-        return exit_code(code)
+        return sup.stopped()
     finally:
         for s, h in previous.items():
             signal.signal(s, h)

@@ -113,8 +113,9 @@ def render_unit(cfg: InstanceConfig, config_path: str, opts: UnitOptions) -> str
         lines.append(f"EnvironmentFile={opts.environment_file}")
     if cfg.api_key_file:
         lines.append(f"LoadCredential=api-key:{cfg.api_key_file}")
-    if cfg.preflight:
-        lines.append(f"ExecStartPre={quote_exec_arg(exe)} check --offline")
+    if cfg.preflight:  # the same preflight as the NixOS module's
+        check = [exe, "check", "--offline", "--config", config_path]
+        lines.append("ExecStartPre=" + " ".join(quote_exec_arg(a) for a in check))
     serve = [exe, "serve", "--config", config_path]
     lines.append("ExecStart=" + " ".join(quote_exec_arg(a) for a in serve))
     lines += directive_lines(shared["hardening"])

@@ -21,9 +21,9 @@ from tests.check.fakes import make_sglang, pinned_stack, run_check
 from tests.check.test_live import wait_healthy
 from tests.conftest import free_port
 
-# the stand-in reports verify width 9, i.e. DDTree budget 8
-SERVER = ("--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", "draft-m",
-          "--speculative-num-draft-tokens", "9")
+SERVER = ("--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", "draft-m")
+# a DDTree server as serve starts it: the plugin makes SGLang verify budget + 1 = 9 tokens
+DDTREE_8 = {"SGLANG_DFLASH_DDTREE_BUDGET": "8"}
 
 
 def write_config(path: Path, **keys: object) -> Path:
@@ -45,7 +45,7 @@ def ddtree_config(path: Path, port: int, budget: int = 8, draft: str = "draft-m"
 
 
 def test_config_gives_url_and_expectations(tmp_path: Path, standin_server) -> None:
-    url = wait_healthy(standin_server(*SERVER))
+    url = wait_healthy(standin_server(*SERVER, **DDTREE_8))
     cfg = ddtree_config(tmp_path / "i.json", port_of(url))
     rc, res, err, _ = run_check("--layer", "live", "--config", str(cfg), cwd=tmp_path)
     assert rc == 0, (res, err)
@@ -58,7 +58,7 @@ def test_config_gives_url_and_expectations(tmp_path: Path, standin_server) -> No
 
 
 def test_server_that_differs_from_the_config_fails(tmp_path: Path, standin_server) -> None:
-    url = wait_healthy(standin_server(*SERVER))
+    url = wait_healthy(standin_server(*SERVER, **DDTREE_8))
     cfg = ddtree_config(tmp_path / "i.json", port_of(url), budget=4, draft="other-draft")
     rc, res, _, _ = run_check("--layer", "live", "--config", str(cfg), cwd=tmp_path)
     assert rc == 1
@@ -68,7 +68,7 @@ def test_server_that_differs_from_the_config_fails(tmp_path: Path, standin_serve
 
 
 def test_explicit_flags_win_over_the_config(tmp_path: Path, standin_server) -> None:
-    url = wait_healthy(standin_server(*SERVER))
+    url = wait_healthy(standin_server(*SERVER, **DDTREE_8))
     cfg = ddtree_config(tmp_path / "i.json", port_of(url), budget=4, draft="other-draft")
     rc, res, err, _ = run_check("--layer", "live", "--config", str(cfg),
                                 "--expect-ddtree-budget", "8", "--expect-draft-model", "draft-m",
@@ -84,7 +84,7 @@ def test_explicit_flags_win_over_the_config(tmp_path: Path, standin_server) -> N
 
 
 def test_url_flag_wins_over_host_and_port(tmp_path: Path, standin_server) -> None:
-    url = wait_healthy(standin_server(*SERVER))
+    url = wait_healthy(standin_server(*SERVER, **DDTREE_8))
     dead = free_port()
     cfg = ddtree_config(tmp_path / "i.json", dead)
     rc, res, err, _ = run_check("--layer", "live", "--config", str(cfg), "--url", url,
@@ -98,7 +98,7 @@ def test_url_flag_wins_over_host_and_port(tmp_path: Path, standin_server) -> Non
 
 
 def test_api_key_from_api_key_file(tmp_path: Path, standin_server) -> None:
-    url = wait_healthy(standin_server(*SERVER, "--api-key", "s3cret"))
+    url = wait_healthy(standin_server(*SERVER, "--api-key", "s3cret", **DDTREE_8))
     key = tmp_path / "key"
     key.write_text("s3cret\n")
     cfg = ddtree_config(tmp_path / "i.json", port_of(url), apiKeyFile=str(key))
@@ -113,7 +113,7 @@ def test_api_key_from_api_key_file(tmp_path: Path, standin_server) -> None:
 
 def test_api_key_from_the_systemd_credential(tmp_path: Path, standin_server) -> None:
     """Under the unit, apiKeyFile may be unreadable; LoadCredential puts it in the cred dir."""
-    url = wait_healthy(standin_server(*SERVER, "--api-key", "s3cret"))
+    url = wait_healthy(standin_server(*SERVER, "--api-key", "s3cret", **DDTREE_8))
     creds = tmp_path / "creds"
     creds.mkdir()
     (creds / "api-key").write_text("s3cret\n")

@@ -16,8 +16,7 @@ from sglang_dflash.check import live
 from tests.check.fakes import run_check
 from tests.conftest import free_port
 
-DFLASH = ("--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", "draft-m",
-          "--speculative-num-draft-tokens", "9")
+DFLASH = ("--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", "draft-m")
 
 
 def wait_healthy(url: str, timeout: float = 10.0) -> str:
@@ -49,7 +48,8 @@ def test_dflash_server_passes(tmp_path: Path, standin_server) -> None:
 
 
 def test_ddtree_budget_is_verify_width_minus_one(tmp_path: Path, standin_server) -> None:
-    url = wait_healthy(standin_server(*DFLASH))
+    # as serve starts DDTree: the plugin makes SGLang report verify width budget + 1 = 9
+    url = wait_healthy(standin_server(*DFLASH, SGLANG_DFLASH_DDTREE_BUDGET="8"))
     rc, res, _, _ = live_check(tmp_path, url, "--expect-algorithm", "ddtree",
                                "--expect-ddtree-budget", "8")
     assert rc == 0 and res["live.ddtree_budget"]["status"] == "PASS"

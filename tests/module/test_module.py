@@ -87,8 +87,10 @@ def test_minimal_ddtree_instance_renders_a_notify_unit():
     assert sc["Type"] == "notify"
     assert sc["DynamicUser"] is True
     exe = "/nix/store/00000000000000000000000000000000-sglang-dflash-0.1.0/bin/sglang-dflash"
-    assert sc["ExecStartPre"] == f"{exe} check --offline"
     assert sc["ExecStart"].startswith(f"{exe} serve --config /nix/store/")
+    # the preflight validates the very config serve is given
+    config = sc["ExecStart"].removeprefix(f"{exe} serve --config ")
+    assert sc["ExecStartPre"] == f"{exe} check --offline --config {config}"
     assert sc["ExecStart"].endswith("-sglang-dflash-q.json")
     assert sc["TimeoutStartSec"] == "2100s"
     assert sc["StateDirectory"] == sc["CacheDirectory"] == "sglang-dflash-q"
@@ -284,11 +286,15 @@ def test_module_and_unit_command_render_the_same_unit(tmp_path):
             return ["true" if value else "false"]
         return [str(v) for v in value] if isinstance(value, list) else [str(value)]
 
-    skip = {"ExecStart", "WorkingDirectory"}  # config path / %S spelling differ by design
+    # config path / %S spelling differ by design
+    skip = {"ExecStart", "ExecStartPre", "WorkingDirectory"}
     for key, value in {**svc["serviceConfig"], **svc["unitConfig"]}.items():
         if key not in skip:
             assert rendered.get(key) == as_lines(value), key
     assert rendered["ExecStart"][0].endswith("serve --config /etc/sglang-dflash/q.json")
+    nix_config = svc["serviceConfig"]["ExecStart"].split(" serve --config ")[1]
+    assert [line.replace("/etc/sglang-dflash/q.json", nix_config)
+            for line in rendered["ExecStartPre"]] == [svc["serviceConfig"]["ExecStartPre"]]
     assert rendered["After"] == [" ".join(svc["after"])]
     assert rendered["Wants"] == [" ".join(svc["wants"])]
     assert rendered["WantedBy"] == svc["wantedBy"]

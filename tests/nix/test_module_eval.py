@@ -42,7 +42,8 @@ def test_module_eval_check_passes_on_the_example():
     tree = json.loads(rendered["tree"])
     assert tree["ExecStart"].endswith(".json")
     assert " serve --config " in tree["ExecStart"]
-    assert tree["ExecStartPre"].endswith("/bin/sglang-dflash check --offline")
+    config = tree["ExecStart"].split(" serve --config ")[1]
+    assert tree["ExecStartPre"].endswith(f"/bin/sglang-dflash check --offline --config {config}")
     assert json.loads(rendered["small"])["ExecStartPre"] is None
 
 

@@ -72,6 +72,17 @@ class NotifySocket:
         raise AssertionError(f"{text!r} not notified; got {self.messages}")
 
 
+def child_pids(pid: int) -> list[int]:
+    """The direct children of pid, read from /proc (serve has exactly one: SGLang)."""
+    found = []
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            # the command name may hold spaces; fields after its closing ')' do not
+            if int(stat_file.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat_file.parent.name))
+    return found
+
+
 def health(port: int) -> int | None:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
@@ -116,6 +127,40 @@ def test_forwarded_signal_exit_code_is_the_childs(make_config, start_serve, sign
     err.wait_for("ready after", 15)
     p.send_signal(signum)
     assert p.wait(timeout=10) == expected
+    assert health(raw["port"]) is None
+
+
+@pytest.mark.parametrize("ready", [False, True], ids=["while-starting", "after-ready"])
+def test_sglang_self_kill_after_forwarded_term_is_a_clean_stop(make_config, start_serve, ready):
+    """SGLang 0.5.17 ends a graceful SIGTERM shutdown by SIGKILLing itself: exit 0, one note."""
+    path, raw = make_config()
+    env = {"STANDIN_SELFKILL_ON_TERM": "1"}
+    if not ready:
+        env["STANDIN_NEVER_READY"] = "1"
+    p = start_serve(path, env)
+    err = Lines(p.stderr)
+    err.wait_for("ready after" if ready else "listening on", 15)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=10) == 0
+    text = err.text()
+    assert "Gracefully exiting" in text  # the stand-in really took the SIGKILL path
+    notes = [line for line in text.splitlines() if "treating the stop as clean" in line]
+    assert len(notes) == 1 and "SIGKILL" in notes[0] and "SIGTERM" in notes[0], text
+    assert health(raw["port"]) is None
+
+
+def test_sigkill_without_a_forwarded_signal_stays_a_failure(make_config, start_serve):
+    """An OOM-style SIGKILL nobody asked for is a crash: 137, the stderr tail, no 'clean'."""
+    path, raw = make_config()
+    p = start_serve(path)
+    err = Lines(p.stderr)
+    err.wait_for("ready after", 15)
+    (child,) = child_pids(p.pid)
+    os.kill(child, signal.SIGKILL)
+    assert p.wait(timeout=10) == 128 + signal.SIGKILL
+    text = err.text()
+    assert "SGLang exited with code 137 after it was ready" in text
+    assert "treating the stop as clean" not in text
     assert health(raw["port"]) is None
 
 
@@ -362,3 +407,22 @@ def test_child_dies_with_a_killed_serve(make_config, start_serve):
     while health(raw["port"]) is not None and time.monotonic() < deadline:
         time.sleep(0.1)
     assert health(raw["port"]) is None, "SGLang outlived a SIGKILLed serve"
+
+
+@pytest.mark.parametrize(
+    ("returncode", "forwarded", "killed_by_us", "code", "clean"),
+    [
+        (-signal.SIGKILL, signal.SIGTERM, False, 0, True),  # SGLang's own kill_process_tree
+        (-signal.SIGQUIT, signal.SIGINT, False, 0, True),
+        (-signal.SIGKILL, None, False, 137, False),  # OOM killer: a crash
+        (-signal.SIGKILL, signal.SIGTERM, True, 137, False),  # serve gave up after the grace
+        (-signal.SIGINT, signal.SIGINT, False, 130, False),
+        (7, signal.SIGTERM, False, 7, False),
+    ],
+)
+def test_stop_outcome(returncode, forwarded, killed_by_us, code, clean):
+    from sglang_dflash.serve import stop_outcome
+
+    out = stop_outcome(returncode, forwarded, killed_by_us)
+    assert out.code == code
+    assert (out.note is not None) == clean

@@ -51,7 +51,8 @@ def test_unit_has_lifecycle_hardening_and_commands():
     assert lines["CapabilityBoundingSet"] == [""]
     assert lines["UMask"] == ["0077"]
     exe = "/nix/var/nix/profiles/sglang-dflash/bin/sglang-dflash"
-    assert lines["ExecStartPre"] == [f"{exe} check --offline"]
+    assert lines["ExecStartPre"] == [
+        f"{exe} check --offline --config /etc/sglang-dflash/qwen.json"]  # as the NixOS module
     assert lines["ExecStart"] == [f"{exe} serve --config /etc/sglang-dflash/qwen.json"]
     assert lines["TimeoutStartSec"] == ["2100s"]
     assert 'Environment="LD_LIBRARY_PATH=/run/opengl-driver/lib"' in render()

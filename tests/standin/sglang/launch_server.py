@@ -58,6 +58,13 @@ class State:
         die = os.environ.get("STANDIN_DIE_AFTER_REQUESTS")
         self.die_after = int(die) if die else None
 
+    def num_draft_tokens(self) -> int | None:
+        """DDTree's plugin makes SGLang verify budget+1 tokens (H200: width 17 = budget 16 + 1)."""
+        budget = os.environ.get("SGLANG_DFLASH_DDTREE_BUDGET", "").strip()
+        if budget.isdigit() and self.args.speculative_algorithm == "DFLASH":
+            return int(budget) + 1
+        return self.args.speculative_num_draft_tokens
+
     def server_info(self) -> dict:
         a = self.args
         return {
@@ -65,7 +72,7 @@ class State:
             "served_model_name": a.served_model_name or a.model_path,
             "speculative_algorithm": a.speculative_algorithm,
             "speculative_draft_model_path": a.speculative_draft_model_path,
-            "speculative_num_draft_tokens": a.speculative_num_draft_tokens,
+            "speculative_num_draft_tokens": self.num_draft_tokens(),
             "speculative_dflash_block_size": a.speculative_dflash_block_size,
             "tp_size": a.tp_size,
             "internal_states": [
@@ -182,13 +189,22 @@ def make_handler(state: State):
             if state.speculative and out:
                 acc = state.accept_length
                 verify_ct = max(1, round(len(out) / acc))
-                width = state.args.speculative_num_draft_tokens or 16
+                width = state.num_draft_tokens() or 16
                 meta["spec_verify_ct"] = verify_ct
                 meta["spec_accept_length"] = len(out) / verify_ct
                 meta["spec_accept_rate"] = (len(out) - verify_ct) / (verify_ct * (width - 1))
             return {"text": "", "output_ids": list(out), "meta_info": meta}
 
     return Handler
+
+
+def on_term(*_) -> None:
+    """Exit on SIGTERM; STANDIN_SELFKILL_ON_TERM=1 ends like SGLang 0.5.17's kill_process_tree."""
+    if os.environ.get("STANDIN_SELFKILL_ON_TERM") == "1":
+        print("[stand-in sglang] Gracefully exiting... Remaining number of requests 0.",
+              file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(int(os.environ.get("STANDIN_EXIT_CODE_ON_TERM", "0")))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,8 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(argv, f)
     print(f"[stand-in sglang] starting model={args.model_path} "
           f"algorithm={args.speculative_algorithm}", file=sys.stderr, flush=True)
-    term_code = int(os.environ.get("STANDIN_EXIT_CODE_ON_TERM", "0"))
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(term_code))
+    signal.signal(signal.SIGTERM, on_term)
     time.sleep(_env_float("STANDIN_BIND_DELAY", 0.0))
     state = State(args)
     ThreadingHTTPServer.request_queue_size = 128  # the default 5 drops concurrent benches
