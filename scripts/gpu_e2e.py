@@ -7,16 +7,28 @@ is scarce and a partial record is worth more than none.
 
     python3 scripts/gpu_e2e.py --out $OUT --site /root/site check break
     python3 scripts/gpu_e2e.py --out $OUT --site /root/site serve:none serve:dflash serve:ddtree:16
+    python3 scripts/gpu_e2e.py --out $OUT --site /root/site --bench-prompts planted \
+        --time-budget-s 500 serve:none plant:56 plant:16 simacc:4
 
 Steps: `check` (every layer but live), `break` (nested copy and a missing module, FAIL lines
 expected), `serve:<algorithm>[:<budget>]` (start through `sglang-dflash serve`, `check --url`,
 fixed greedy prompts, a short bench), then `compare` is always run on whatever serve steps
 produced: greedy outputs must be token-identical across modes.
+
+`plant:<budget>` (after `serve:none` in the SAME run): writes a TEST-ONLY plant file from the
+none run's greedy continuations with one rank schedule per prompt (all absent ... all rank 0),
+starts DDTree with it (SGLANG_DFLASH_DDTREE_PLANT) and per-round profiling
+(SGLANG_DFLASH_DDTREE_PROFILE), and records per prompt: output identical to the none run,
+spec_verify_ct / spec_accept_length against the CPU oracle (plant_oracle.expected_rounds), and
+whether acceptance rises with the share of rank-0 plants; then a bench on the planted prompts.
+`simacc:<len>`: stock DFLASH with SGLANG_SIMULATE_ACC_LEN=<len> (outputs are the fixed token
+100 by SGLang's design, so they are not compared; acceptance and throughput are the point).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -25,6 +37,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 # An 8B-shaped Qwen3 target (Qwen3-8B's config.json fields) and a DFlash draft for it.
@@ -48,6 +61,30 @@ DRAFT_CONFIG = {
 PROMPTS = [[100 + i, 2000 + 7 * i, 31 * i + 5, 4242, 17 + i] for i in range(4)]
 GEN_TOKENS = 64
 PORT = 30000
+BLOCK = DRAFT_CONFIG["block_size"]
+# Plant: one rank schedule per prompt, in rising share of rank-0 plants (cycled over the
+# continuation). 0 = on the rank-0 spine, 1..3 = a branch off it, -1 = absent from the top-K.
+PLANT_SCHEDULES = (
+    ("absent", (-1,)),
+    ("sparse", (0, -1, -1)),
+    ("mixed", (0, 0, 1, -1)),
+    ("branchy", (3, 0, 0, -1, 2, 0, 0, -1, 1, 0, 0, -1)),  # accepts ranks 1-3 at N=56
+    ("mostly0", (0, 0, 0, 0, 0, 0, 1, 0, 0, -1)),
+    ("chain", (0,)),
+)
+PLANT_PROMPTS = [[100 + i, 2000 + 7 * i, 31 * i + 5, 4242, 17 + i]
+                 for i in range(len(PLANT_SCHEDULES))]  # PROMPTS first, then two more
+# Fixed per-rank log-probs of planted rows. Chosen so that at budgets 16 and 56 the budget
+# boundary of the tree falls between score groups (plant_oracle.boundary_margin >= 0.05):
+# tie-breaking on the GPU cannot then make the tree differ from the CPU oracle's. At 56 the
+# tree holds ranks 1-3 off the spine; at 64 with this profile (or (-0.01,-4,-5,-6)) it does not
+# close a group, so the oracle there is not exact (recorded as oracle_exact: false).
+PLANT_PROFILE = (-0.1, -4.0, -4.25, -4.5)
+ORACLE_EXACT_MARGIN = 1e-3
+# The continuation must cover every depth drafted in the last round of GEN_TOKENS.
+LONG_TOKENS = GEN_TOKENS + BLOCK + 1
+STEP_MIN_S = 100  # a server step needs start (~60 s warm) + requests + stop
+BENCH_MIN_S = 45
 
 
 def sh(cmd: list[str], *, env: dict | None = None, timeout: float = 300) -> dict:
@@ -136,29 +173,54 @@ def instance_config(name: str, algorithm: str, budget: int | None, models: tuple
     return cfg
 
 
-def step_serve(out: Path, env: dict, mode: str, models: tuple[Path, Path],
-               backend: str, bench: bool) -> dict:
-    parts = mode.split(":")
-    algorithm = parts[1]
-    budget = int(parts[2]) if len(parts) > 2 else None
-    name = "-".join(parts[1:])
-    cfg = instance_config(name, algorithm, budget, models, [])
-    cfg["attentionBackend"] = backend
-    if algorithm != "none":
-        cfg["draftAttentionBackend"] = backend
-    cfg_path = out / f"config-{name}.json"
+class Clock:
+    """The run's time budget: steps and benches that cannot finish are skipped, not cut off."""
+
+    def __init__(self, budget_s: float) -> None:
+        self.t0, self.budget_s = time.monotonic(), budget_s
+
+    def left(self) -> float:
+        if self.budget_s <= 0:
+            return float("inf")
+        return self.budget_s - (time.monotonic() - self.t0)
+
+
+@dataclass
+class Opts:
+    out: Path
+    env: dict
+    models: tuple[Path, Path]
+    backend: str
+    bench: bool
+    bench_prompts: str
+    bench_concurrency: str
+    bench_num_prompts: int
+    clock: Clock
+
+
+def generate(url: str, ids: list[int], n: int) -> dict:
+    return http_json(url + "/generate", {
+        "input_ids": ids, "sampling_params": {
+            "temperature": 0, "max_new_tokens": n, "ignore_eos": True}})
+
+
+@contextlib.contextmanager
+def running_server(opts: Opts, cfg: dict, name: str):
+    """Start ``sglang-dflash serve`` for cfg, wait for /health; yield (url, record); stop it."""
+    cfg_path = opts.out / f"config-{name}.json"
     cfg_path.write_text(json.dumps(cfg, indent=1))
-    log = open(out / f"serve-{name}.log", "w")  # noqa: SIM115 - closed in finally
+    log_path = opts.out / f"serve-{name}.log"
+    log = open(log_path, "w")  # noqa: SIM115 - closed in finally
     t0 = time.monotonic()
     proc = subprocess.Popen(cli(["serve", "--config", str(cfg_path), "--poll-interval", "0.5"]),
-                            env=env, stdout=log, stderr=subprocess.STDOUT,
+                            env=opts.env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     url = f"http://127.0.0.1:{PORT}"
-    rec: dict = {"mode": mode, "config": cfg}
-    while time.monotonic() - t0 < cfg["startTimeout"] + 10:
+    rec: dict = {"config": cfg, "ready_seconds": None}
+    limit = min(cfg["startTimeout"] + 10, max(opts.clock.left() - 20, 30))
+    while time.monotonic() - t0 < limit:
         if proc.poll() is not None:
             rec["serve_exit_before_ready"] = proc.returncode
-            rec["ready_seconds"] = None
             break
         try:
             with urllib.request.urlopen(url + "/health", timeout=2) as r:
@@ -169,28 +231,8 @@ def step_serve(out: Path, env: dict, mode: str, models: tuple[Path, Path],
             pass
         time.sleep(0.5)
     try:
-        if rec.get("ready_seconds"):
-            expect = ["--expect-algorithm", algorithm]
-            if budget is not None:
-                expect += ["--expect-ddtree-budget", str(budget)]
-            rec["check_url"] = sh(cli(["check", "--url", url, "--layer", "live", *expect]),
-                                  env=env, timeout=120)
-            outputs, metas, t1 = [], [], time.monotonic()
-            for ids in PROMPTS:
-                r = http_json(url + "/generate", {
-                    "input_ids": ids, "sampling_params": {
-                        "temperature": 0, "max_new_tokens": GEN_TOKENS, "ignore_eos": True}})
-                outputs.append(r["output_ids"])
-                metas.append(r.get("meta_info", {}))
-            rec["greedy"] = {"outputs": outputs, "meta": metas,
-                             "seconds": round(time.monotonic() - t1, 3)}
-            if bench:
-                bench_json = out / f"bench-{name}.json"
-                rec["bench"] = sh(cli(["bench", "--url", url, "--concurrency", "1,8,32",
-                                       "--num-prompts", "32", "--max-new-tokens", "64",
-                                       "--json", str(bench_json), "--quiet"]),
-                                  env=env, timeout=240)
-    except Exception as exc:  # recorded, never fatal: the next mode still runs
+        yield url, rec
+    except Exception as exc:  # recorded, never fatal: the next step still runs
         rec["error"] = f"{type(exc).__name__}: {exc}"
     finally:
         if proc.poll() is None:
@@ -202,7 +244,255 @@ def step_serve(out: Path, env: dict, mode: str, models: tuple[Path, Path],
                 proc.wait()
         rec["serve_exit"] = proc.returncode
         log.close()
-        rec["log_tail"] = (out / f"serve-{name}.log").read_text()[-6000:]
+        rec["log_tail"] = log_path.read_text(errors="replace")[-6000:]
+
+
+def bench_prompts_file(out: Path) -> Path:
+    """The planted prompts as a bench workload (bench cycles them)."""
+    path = out / "bench-prompts-planted.jsonl"
+    path.write_text("".join(json.dumps({"input_ids": ids}) + "\n" for ids in PLANT_PROMPTS))
+    return path
+
+
+def run_bench(opts: Opts, url: str, name: str, prompts: str) -> dict:
+    left = opts.clock.left()
+    if left < BENCH_MIN_S:
+        return {"skipped": f"time budget: {left:.0f}s left"}
+    args = ["bench", "--url", url, "--concurrency", opts.bench_concurrency,
+            "--num-prompts", str(opts.bench_num_prompts), "--max-new-tokens", str(GEN_TOKENS),
+            "--json", str(opts.out / f"bench-{name}.json"), "--quiet"]
+    if prompts == "planted":
+        args += ["--prompts", str(bench_prompts_file(opts.out))]
+    res = sh(cli(args), env=opts.env, timeout=max(10.0, min(240.0, left - 15)))
+    res["prompts"] = prompts
+    return res
+
+
+def ddtree_environment(opts: Opts, name: str, plant: Path | None = None) -> dict:
+    env = {"SGLANG_DFLASH_DDTREE_PROFILE": str(opts.out / f"profile-{name}.jsonl")}
+    if plant is not None:
+        env["SGLANG_DFLASH_DDTREE_PLANT"] = str(plant)
+    return env
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            out.append({"unparsed": line[:200]})
+    return out
+
+
+def step_serve(opts: Opts, mode: str) -> dict:
+    parts = mode.split(":")
+    algorithm = parts[1]
+    budget = int(parts[2]) if len(parts) > 2 else None
+    name = "-".join(parts[1:])
+    cfg = instance_config(name, algorithm, budget, opts.models, [])
+    cfg["attentionBackend"] = opts.backend
+    if algorithm != "none":
+        cfg["draftAttentionBackend"] = opts.backend
+    if algorithm == "ddtree":
+        cfg["environment"] = ddtree_environment(opts, name)
+    with running_server(opts, cfg, name) as (url, rec):
+        rec["mode"] = mode
+        if rec["ready_seconds"]:
+            expect = ["--expect-algorithm", algorithm]
+            if budget is not None:
+                expect += ["--expect-ddtree-budget", str(budget)]
+            rec["check_url"] = sh(cli(["check", "--url", url, "--layer", "live", *expect]),
+                                  env=opts.env, timeout=120)
+            outputs, metas, t1 = [], [], time.monotonic()
+            for ids in PROMPTS:
+                r = generate(url, ids, GEN_TOKENS)
+                outputs.append(r["output_ids"])
+                metas.append(r.get("meta_info", {}))
+            rec["greedy"] = {"outputs": outputs, "meta": metas,
+                             "seconds": round(time.monotonic() - t1, 3)}
+            if algorithm == "none":
+                # The plant steps' continuations: longer than GEN_TOKENS so that every drafted
+                # depth of the last round is planted.
+                rec["continuations"] = [generate(url, ids, LONG_TOKENS)["output_ids"]
+                                        for ids in PLANT_PROMPTS]
+                rec["continuations_extend_greedy"] = [
+                    c[:GEN_TOKENS] == o for c, o in zip(rec["continuations"], outputs,
+                                                        strict=False)]
+            if opts.bench:
+                rec["bench"] = run_bench(opts, url, name, opts.bench_prompts)
+    if algorithm == "ddtree":
+        rec["profile"] = read_jsonl(opts.out / f"profile-{name}.jsonl")
+    return rec
+
+
+# ---- plant:<budget> ------------------------------------------------------------------------
+
+
+def schedule_ranks(pattern: tuple[int, ...], n: int) -> list[int]:
+    return [pattern[i % len(pattern)] for i in range(n)]
+
+
+def plant_document(continuations: list[list[int]]) -> dict:
+    """The TEST-ONLY plant file: every planted prompt with its schedule's ranks."""
+    reqs = []
+    for ids, cont, (_, pattern) in zip(PLANT_PROMPTS, continuations, PLANT_SCHEDULES,
+                                       strict=True):
+        reqs.append({"input_ids": ids, "continuation": cont,
+                     "ranks": schedule_ranks(pattern, len(cont))})
+    return {"test_only": True, "requests": reqs, "logp_profile": list(PLANT_PROFILE)}
+
+
+def accepted_ranks(ranks: list[int], rounds: list[int]) -> dict[str, int]:
+    """How many accepted drafts the oracle expects at each planted rank (0 = spine)."""
+    counts: dict[str, int] = {}
+    pos = 0
+    for a in rounds:
+        for d in range(1, a + 1):
+            key = str(ranks[pos + d])
+            counts[key] = counts.get(key, 0) + 1
+        pos += a + 1
+    return dict(sorted(counts.items()))
+
+
+def oracle_margin(budget: int) -> float:
+    from sglang_dflash.sglang_overlay.plant_oracle import boundary_margin
+
+    k = min(budget, TARGET_CONFIG["vocab_size"])
+    return boundary_margin(PLANT_PROFILE, k, min(BLOCK, budget + 1) - 1, budget)
+
+
+def oracle_rounds(doc: dict, budget: int) -> list[list[int]]:
+    """Accepted drafts per round for each planted prompt (the CPU oracle)."""
+    from sglang_dflash.sglang_overlay.plant import parse_plant
+    from sglang_dflash.sglang_overlay.plant_oracle import expected_rounds
+
+    spec = parse_plant(json.dumps(doc))
+    return [expected_rounds(req, spec.logp_profile, budget=budget, block_size=BLOCK,
+                            vocab=TARGET_CONFIG["vocab_size"], max_new_tokens=GEN_TOKENS)
+            for req in spec.requests]
+
+
+def first_diff(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def judge_plant(rows: list[dict]) -> dict:
+    """Summary: identity, oracle agreement, and acceptance rising with the rank-0 share."""
+    observed = [r.get("accept_length") for r in rows]
+    rising = None
+    if all(isinstance(x, int | float) for x in observed):
+        # Never lower for a higher rank-0 share, and strictly higher from the least to the most.
+        rising = all(observed[i] <= observed[j] + 1e-9
+                     for i in range(len(rows)) for j in range(len(rows))
+                     if rows[i]["share_rank0"] < rows[j]["share_rank0"])
+        lo = min(range(len(rows)), key=lambda i: rows[i]["share_rank0"])
+        hi = max(range(len(rows)), key=lambda i: rows[i]["share_rank0"])
+        rising = rising and observed[hi] > observed[lo]
+    return {
+        "all_identical": all(r.get("identical") is True for r in rows),
+        "all_verify_ct_match_oracle": all(r.get("verify_ct_matches") is True for r in rows),
+        "accept_rises_with_rank0_share": rising,
+        "accept_length_by_schedule": {r["schedule"]: r.get("accept_length") for r in rows},
+        "oracle_accept_length_by_schedule": {r["schedule"]: r["oracle_accept_length"]
+                                             for r in rows},
+    }
+
+
+def step_plant(opts: Opts, step: str, serves: dict) -> dict:
+    budget = int(step.split(":")[1])
+    none = serves.get("serve:none", {})
+    conts = none.get("continuations")
+    if not conts:
+        return {"error": "plant needs `serve:none` earlier in the same run (its greedy "
+                         "continuations are the plant's ground truth)"}
+    name = f"plant-{budget}"
+    doc = plant_document(conts)
+    plant_path = opts.out / f"{name}.json"
+    plant_path.write_text(json.dumps(doc))
+    try:  # identity is still worth a server start if the oracle cannot run
+        rounds, oracle_error = oracle_rounds(doc, budget), None
+        margin = oracle_margin(budget)
+    except Exception as exc:
+        rounds, margin = [[0] * GEN_TOKENS for _ in PLANT_PROMPTS], 0.0
+        oracle_error = f"{type(exc).__name__}: {exc}"
+    cfg = instance_config(name, "ddtree", budget, opts.models, [])
+    cfg |= {"attentionBackend": opts.backend, "draftAttentionBackend": opts.backend,
+            "environment": ddtree_environment(opts, name, plant_path)}
+    rows: list[dict] = []
+    for (sched, pattern), ids, cont, rr in zip(PLANT_SCHEDULES, PLANT_PROMPTS, conts, rounds,
+                                               strict=True):
+        k = min(budget, TARGET_CONFIG["vocab_size"])
+        ranks = schedule_ranks(pattern, GEN_TOKENS)
+        rows.append({
+            "schedule": sched, "pattern": list(pattern), "input_ids": ids,
+            "share_rank0": round(sum(r == 0 for r in ranks) / len(ranks), 3),
+            "share_in_topk": round(sum(0 <= r < k for r in ranks) / len(ranks), 3),
+            "oracle_rounds": rr, "oracle_verify_ct": len(rr),
+            "oracle_accepted_by_rank": accepted_ranks(schedule_ranks(pattern, len(cont)), rr),
+            "oracle_accept_length": round(GEN_TOKENS / len(rr), 4),
+            "reference": cont[:GEN_TOKENS],
+        })
+    with running_server(opts, cfg, name) as (url, rec):
+        rec["mode"] = step
+        rec["plant_file"] = str(plant_path)
+        rec["oracle_boundary_margin"] = margin
+        rec["oracle_exact"] = margin > ORACLE_EXACT_MARGIN
+        if oracle_error:
+            rec["oracle_error"] = oracle_error
+        rec["rows"] = rows
+        if rec["ready_seconds"]:
+            rec["check_url"] = sh(cli(["check", "--url", url, "--layer", "live",
+                                       "--expect-algorithm", "ddtree",
+                                       "--expect-ddtree-budget", str(budget)]),
+                                  env=opts.env, timeout=120)
+            for row in rows:
+                try:
+                    r = generate(url, row["input_ids"], GEN_TOKENS)
+                except Exception as exc:  # one failed request must not hide the others
+                    row["error"] = f"{type(exc).__name__}: {exc}"
+                    continue
+                meta = r.get("meta_info", {})
+                out = r["output_ids"]
+                row |= {
+                    "output": out,
+                    "identical": out == row["reference"],
+                    "first_diff": first_diff(out, row["reference"]),
+                    "verify_ct": meta.get("spec_verify_ct"),
+                    "accept_length": meta.get("spec_accept_length"),
+                    "accept_histogram": meta.get("spec_accept_histogram"),
+                    "verify_ct_matches": meta.get("spec_verify_ct") == row["oracle_verify_ct"],
+                }
+            rec["summary"] = judge_plant(rows) | {"oracle_exact": rec["oracle_exact"]}
+            if opts.bench:
+                rec["bench"] = run_bench(opts, url, name, "planted")
+    rec["profile"] = read_jsonl(opts.out / f"profile-{name}.jsonl")
+    return rec
+
+
+def step_simacc(opts: Opts, step: str) -> dict:
+    """Stock DFLASH with SGLANG_SIMULATE_ACC_LEN: the acceptance cross-check for the plant."""
+    length = step.split(":")[1]
+    float(length)  # a bad value is this step's error, before a server starts
+    name = f"simacc-{length}"
+    cfg = instance_config(name, "dflash", None, opts.models, [])
+    cfg |= {"attentionBackend": opts.backend, "draftAttentionBackend": opts.backend,
+            "environment": {"SGLANG_SIMULATE_ACC_LEN": length}}
+    with running_server(opts, cfg, name) as (url, rec):
+        rec["mode"] = step
+        if rec["ready_seconds"]:
+            metas = [generate(url, ids, GEN_TOKENS).get("meta_info", {}) for ids in PROMPTS]
+            rec["greedy_meta"] = metas
+            rec["accept_lengths"] = [m.get("spec_accept_length") for m in metas]
+            rec["note"] = ("SGLang's simulated acceptance emits a fixed token (100): outputs are "
+                           "not the target's and are not compared")
+            if opts.bench:
+                rec["bench"] = run_bench(opts, url, name, opts.bench_prompts)
     return rec
 
 
@@ -221,39 +511,71 @@ def compare(serves: dict) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--site", type=Path, required=True, help="the staged site dir")
+    ap.add_argument("--site", type=str, required=True,
+                    help="the staged site dir (os.pathsep-separated entries allowed)")
     ap.add_argument("--models", type=Path, default=Path("/root/models"))
     ap.add_argument("--backend", default="flashinfer", choices=["flashinfer", "triton"])
     ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--bench-prompts", default="synthetic", choices=["synthetic", "planted"],
+                    help="workload of serve/simacc benches (plant benches always use planted)")
+    ap.add_argument("--bench-concurrency", default="1,8,32")
+    ap.add_argument("--bench-num-prompts", type=int, default=32)
+    ap.add_argument("--time-budget-s", type=float, default=0,
+                    help="skip steps/benches that cannot finish within this many seconds")
     ap.add_argument("steps", nargs="+")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, PYTHONPATH=str(args.site), PYTHONUNBUFFERED="1")
-    models = write_models(args.models)
+    site_entries = [p for p in args.site.split(os.pathsep) if p]
+    sys.path[:0] = site_entries  # the oracle imports sglang_dflash from the staged site
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(site_entries), PYTHONUNBUFFERED="1")
+    opts = Opts(out=args.out, env=env, models=write_models(args.models), backend=args.backend,
+                bench=not args.no_bench, bench_prompts=args.bench_prompts,
+                bench_concurrency=args.bench_concurrency,
+                bench_num_prompts=args.bench_num_prompts, clock=Clock(args.time_budget_s))
     results: dict = {"steps": args.steps, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                       time.gmtime())}
     serves: dict = {}
+    plants: dict = {}
+    simaccs: dict = {}
     for step in args.steps:
         t0 = time.monotonic()
+        left = opts.clock.left()
         try:
-            if step == "check":
+            if left < STEP_MIN_S and step.split(":")[0] in ("serve", "plant", "simacc"):
+                results[step] = {"skipped": f"time budget: {left:.0f}s left"}
+            elif step == "check":
                 results["check"] = step_check(args.out, env)
             elif step == "break":
-                results["break"] = step_break(args.out, env, args.site)
+                results["break"] = step_break(args.out, env, Path(site_entries[0]))
             elif step.startswith("serve:"):
-                serves[step] = step_serve(args.out, env, step, models, args.backend,
-                                          not args.no_bench)
+                serves[step] = step_serve(opts, step)
+            elif step.startswith("plant:"):
+                plants[step] = step_plant(opts, step, serves)
+            elif step.startswith("simacc:"):
+                simaccs[step] = step_simacc(opts, step)
             else:
                 results[step] = {"error": f"unknown step {step!r}"}
         except Exception as exc:
             results[step] = {"error": f"{type(exc).__name__}: {exc}"}
         print(f"[gpu_e2e] {step}: {time.monotonic() - t0:.1f}s", flush=True)
         results["serve"] = serves
+        results["plant"] = plants
+        results["simacc"] = simaccs
         results["compare"] = compare(serves)
+        results["elapsed_s"] = round(time.monotonic() - opts.clock.t0, 1)
         # Written after every step: a call cut off at its time limit still returns the rest.
         (args.out / "results.json").write_text(json.dumps(results, indent=1))
-    print(json.dumps({"compare": results["compare"],
-                      "ready": {m: r.get("ready_seconds") for m, r in serves.items()}}))
+    print(json.dumps({
+        "compare": results["compare"],
+        "ready": {m: r.get("ready_seconds")
+                  for m, r in {**serves, **plants, **simaccs}.items()},
+        "plant": {m: r.get("summary", r.get("error")) for m, r in plants.items()},
+        "simacc": {m: r.get("accept_lengths", r.get("error")) for m, r in simaccs.items()},
+        "errors": {k: v["error"]
+                   for k, v in {**results, **serves, **plants, **simaccs}.items()
+                   if isinstance(v, dict) and "error" in v},
+        "elapsed_s": results.get("elapsed_s"),
+    }))
     return 0
 
 

@@ -1,6 +1,7 @@
 """The GPU smoke harness's own flow, run against the SGLang stand-in (tests/standin).
 
-The stand-in ignores DDTree, so the run must FAIL on the verify width and the verify count;
+The stand-in reports the DDTree verify width N+1 but ignores plants, so the run must FAIL on the
+verify count;
 what this proves is the harness: configs, two real server processes, requests, plant file,
 oracle, comparison and report, exit codes.
 """
@@ -41,9 +42,9 @@ def test_harness_against_standin(tmp_path):
     assert proc.returncode == 1, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
     assert report["planted_identical"] and report["other_identical"]
-    assert report["expected_verify_width"] == 9 and report["verify_width"] is None
+    assert report["expected_verify_width"] == 9 == report["verify_width"]
     assert report["expected_verify_ct"] == len(report["rounds"]) > 0
-    assert any("speculative_num_draft_tokens" in f for f in report["failures"])
+    assert report["failures"] and all("spec_verify_ct" in f for f in report["failures"])
     doc = json.loads((tmp_path / "plant.json").read_text())
     assert doc["test_only"] is True
     assert len(doc["requests"][0]["continuation"]) == 20 + 16 + 1

@@ -48,3 +48,16 @@ def test_expected_rounds_walk_the_continuation():
         expected_rounds(mixed, PROFILE, budget=15, block_size=16, vocab=512, max_new_tokens=4)[0]
         == 1
     )
+
+
+def test_boundary_margin_flags_ties_at_the_budget():
+    from sglang_dflash.sglang_overlay.plant_oracle import boundary_margin
+
+    # Spine of 15 at -0.01 steps; then single rank-1 paths tie in groups (one per length).
+    tied = boundary_margin((-0.01, -4.0, -5.0, -6.0), 64, 15, 64)
+    assert tied < 1e-9
+    # 15 + 1 + 2 + ... + 9 = 60 closes a group: clean.
+    assert boundary_margin((-0.01, -4.0, -5.0, -6.0), 60, 15, 60) > 0.009
+    for budget in (16, 56):  # the profile scripts/gpu_e2e.py plants with
+        assert boundary_margin((-0.1, -4.0, -4.25, -4.5), budget, 15, budget) > 0.04
+    assert boundary_margin((-0.1,), 4, 1, 8) == float("inf")  # fewer prefixes than the budget

@@ -8,6 +8,8 @@ that shape. A GPU run's ``spec_verify_ct`` must then equal ``len(expected_rounds
 
 from __future__ import annotations
 
+import heapq
+
 import torch
 
 from sglang_dflash.ddtree.tree import build_tree
@@ -62,3 +64,27 @@ def expected_rounds(
         pos += a + 1
         generated += a + 1
     return rounds
+
+
+def boundary_margin(profile: tuple[float, ...], k: int, depth: int, budget: int) -> float:
+    """Score gap between the budget-th best prefix (in the tree) and the next (out of it).
+
+    Paths that are permutations of the same ranks tie exactly under a depth-independent
+    profile; when such a tie straddles the budget, which nodes enter the tree is decided by
+    tie-breaking and float rounding, which may differ between the GPU and this CPU oracle.
+    A margin well above float error (say > 1e-3) makes the prediction exact. Enumerated
+    best-first here, independently of ``build_tree``.
+    """
+    row = profile_row(profile, k)
+    heap = [(-row[r], 1) for r in range(k)]
+    heapq.heapify(heap)
+    scores: list[float] = []
+    while heap and len(scores) < budget + 1:
+        neg, length = heapq.heappop(heap)
+        scores.append(-neg)
+        if length < depth:
+            for r in range(k):
+                heapq.heappush(heap, (neg - row[r], length + 1))
+    if len(scores) <= budget:
+        return float("inf")
+    return scores[budget - 1] - scores[budget]

@@ -47,6 +47,7 @@ from sglang.srt.utils import is_cuda, is_hip
 
 from sglang_dflash.ddtree.tree import build_tree
 from sglang_dflash.sglang_overlay import plant as plant_mod
+from sglang_dflash.sglang_overlay import profile as profile_mod
 from sglang_dflash.sglang_overlay import settings
 from sglang_dflash.sglang_overlay.draft_head import DraftTopKHead, draft_topk
 from sglang_dflash.sglang_overlay.verify import (
@@ -137,6 +138,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         vocab = int(target_worker.model_runner.model_config.vocab_size)
         self._topk_k = min(budget, vocab)
         self._plant = self._load_plant()
+        self._prof = self._load_profiler(budget)
         if SIMULATE_ACC_LEN > 0:
             logger.warning("SGLANG_SIMULATE_ACC_LEN is ignored in DDTree mode (chain-only).")
         if self.ps.tp_rank == 0:
@@ -163,6 +165,28 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             len(spec.requests),
         )
         return spec
+
+    def _load_profiler(self, budget):
+        """Per-round stage timing when SGLANG_DFLASH_DDTREE_PROFILE names a file (rank 0)."""
+        if self.ps.tp_rank != 0:
+            return None
+        if is_cuda():
+            factory = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
+        else:
+            factory = profile_mod.HostEvent
+        prof = profile_mod.from_env(
+            event_factory=factory,
+            extra={"budget": budget, "draft_width": self.ddtree.draft_width,
+                   "plant": self._plant is not None},
+        )  # fmt: skip
+        if prof is not None:
+            logger.warning(
+                "DDTree per-round profiling to %s every %d rounds (%s).",
+                prof.path,
+                prof.every,
+                profile_mod.PROFILE_ENV,
+            )
+        return prof
 
     def _lm_head_shard(self):
         """(weight, num_org, vocab_start) of the target LM head, or a one-line error."""
@@ -347,7 +371,12 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         bs = len(batch.seq_lens)
         width = self.ddtree.verify_width
         prefix_lens = batch.seq_lens
+        prof = self._prof
+        if prof is not None:
+            prof.mark(0, bs)
         logp, ids, block_ids, positions_2d, cache_loc_2d = self._draft_topk(batch, draft_input, bs)
+        if prof is not None:
+            prof.mark(1)
 
         # --- tree on the GPU, verify inputs, no host sync.
         tree = build_tree(logp, ids, block_ids[:, 0], prefix_lens, self.ddtree.budget)
@@ -387,6 +416,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         batch.out_cache_loc = verify_loc
         verify_fb, _ = verify_input.prepare_for_verify(batch, self._target_worker)
         batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu_backup, seq_lens_sum_backup
+        if prof is not None:
+            prof.mark(2)
         target_out = self._target_worker.forward_batch_generation(
             batch=None, forward_batch=verify_fb, is_verify=True, skip_attn_backend_init=True
         )
@@ -398,6 +429,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 sampling_info=sampling_info,
                 draft_token_num=width,
             )
+
+        if prof is not None:
+            prof.mark(3)
 
         # --- acceptance: the target's choice per node, then the greedy walk.
         logits = logits_output.next_token_logits
@@ -439,6 +473,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             commit_lens=acc.commit_lens,
         )
         logits_output.hidden_states = None
+        if prof is not None:
+            prof.mark(4)
 
         return GenerationBatchResult(
             logits_output=logits_output,

@@ -1,0 +1,92 @@
+"""Dry run of scripts/gpu_e2e.py against the SGLang stand-in, so the GPU call cannot die on a typo.
+
+The stand-in ignores plants, DDTree and SGLANG_SIMULATE_ACC_LEN, so only the flow and the JSON
+shape are asserted: real `sglang-dflash serve` processes, `check --url`, greedy requests, the
+plant file, the CPU oracle, benches, results.json after every step, errors recorded and the
+next step still run, the time budget. `check` and `break` need a real SGLang site: not here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "gpu_e2e.py"
+SITE = os.pathsep.join([str(REPO / "tests" / "standin"), str(REPO / "src")])
+
+
+def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    out = tmp_path / "out"
+    env = dict(os.environ, STANDIN_TOKEN_DELAY="0")
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(out), "--models", str(tmp_path / "models"),
+         "--site", SITE, *args],
+        capture_output=True, text=True, timeout=240, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, json.loads((out / "results.json").read_text())
+
+
+def test_full_flow_against_standin(tmp_path):
+    proc, res = _run(
+        tmp_path, "--bench-prompts", "planted", "--bench-concurrency", "1,2",
+        "--bench-num-prompts", "4",
+        "serve:none", "plant:16", "plant:64", "simacc:x", "simacc:4", "serve:ddtree:16", "nope",
+    )  # fmt: skip
+    out = tmp_path / "out"
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(summary["errors"]) == {"simacc:x", "nope"}, summary["errors"]
+    assert res["steps"][-1] == "nope" and "elapsed_s" in res
+
+    none = res["serve"]["serve:none"]
+    assert none["ready_seconds"] and none["serve_exit"] is not None
+    assert len(none["continuations"]) == 6 and all(none["continuations_extend_greedy"])
+    assert len(none["continuations"][0]) == 64 + 16 + 1
+    assert none["bench"]["rc"] == 0 and none["bench"]["prompts"] == "planted"
+    assert res["compare"]["identical"] is True
+    assert res["compare"]["compared"] == ["serve:none", "serve:ddtree:16"]
+
+    plant = res["plant"]["plant:16"]
+    assert plant["check_url"]["rc"] == 0, plant["check_url"]["stdout"]
+    doc = json.loads((out / "plant-16.json").read_text())
+    assert doc["test_only"] is True and len(doc["requests"]) == 6
+    cfg = json.loads((out / "config-plant-16.json").read_text())
+    assert cfg["algorithm"] == "ddtree" and cfg["ddtree"] == {"budget": 16}
+    assert cfg["environment"]["SGLANG_DFLASH_DDTREE_PLANT"] == str(out / "plant-16.json")
+    assert cfg["environment"]["SGLANG_DFLASH_DDTREE_PROFILE"].endswith("profile-plant-16.jsonl")
+    rows = plant["rows"]
+    assert rows[0]["schedule"] == "absent" and rows[-1]["schedule"] == "chain"
+    for row, req in zip(rows, doc["requests"], strict=True):
+        assert row["input_ids"] == req["input_ids"]
+        assert row["identical"] is True and row["first_diff"] is None
+        assert row["oracle_verify_ct"] == len(row["oracle_rounds"])
+        assert isinstance(row["verify_ct_matches"], bool) and row["verify_ct"] >= 1
+    # The oracle's own spread: all absent accepts nothing, an all-rank-0 chain the most.
+    assert rows[0]["oracle_accept_length"] < 1.1 < rows[-1]["oracle_accept_length"]
+    s = plant["summary"]
+    assert s["all_identical"] is True and isinstance(s["all_verify_ct_match_oracle"], bool)
+    assert s["oracle_exact"] is True and plant["oracle_boundary_margin"] > 1e-3
+    assert res["plant"]["plant:64"]["summary"]["oracle_exact"] is False  # ties at 64
+    # The chain accepts only spine drafts; some schedule accepts a branch off it.
+    assert set(rows[-1]["oracle_accepted_by_rank"]) == {"0"}
+    assert any(set(r["oracle_accepted_by_rank"]) - {"0"} for r in rows)
+    assert set(s["accept_length_by_schedule"]) == {r["schedule"] for r in rows}
+    assert plant["bench"]["rc"] == 0 and (out / "bench-plant-16.json").exists()
+    assert isinstance(plant["profile"], list)  # the stand-in has no worker: empty
+
+    sim = res["simacc"]["simacc:4"]
+    assert len(sim["accept_lengths"]) == 4 and sim["config"]["algorithm"] == "dflash"
+    assert sim["config"]["environment"] == {"SGLANG_SIMULATE_ACC_LEN": "4"}
+    assert "ValueError" in res["simacc:x"]["error"] and "simacc:x" not in res["simacc"]
+
+
+def test_plant_without_none_run_and_time_budget(tmp_path):
+    _, res = _run(tmp_path, "--no-bench", "plant:8")
+    assert "serve:none" in res["plant"]["plant:8"]["error"]
+    _, res = _run(tmp_path, "--no-bench", "--time-budget-s", "5", "serve:none", "plant:8")
+    assert "time budget" in res["serve:none"]["skipped"]
+    assert "time budget" in res["plant:8"]["skipped"] and res["serve"] == {}
