@@ -8,7 +8,6 @@ process group is killed only if serve ignores SIGTERM past the grace period).
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import signal
@@ -21,8 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_dflash.bench.client import Endpoint, connect_host, health
-
-ALGORITHMS = ("none", "dflash", "ddtree")
+from sglang_dflash.config import parse_config
 
 
 class LaunchError(Exception):
@@ -41,39 +39,12 @@ class Instance:
     port: int
     api_key_file: str | None
     start_timeout: float | None
-    validator: str  # "config.parse_config" or "bench fallback"
-
-
-def _fallback_validate(raw: dict[str, Any]) -> Instance:
-    """Minimal checks used only when sglang_dflash.config is not installed."""
-    if not isinstance(raw.get("model"), str) or not raw["model"]:
-        raise ValueError("model: required key is missing")
-    algorithm = raw.get("algorithm", "dflash")
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm: {algorithm!r} is not one of {', '.join(ALGORITHMS)}")
-    if algorithm != "none" and not raw.get("draftModel"):
-        raise ValueError(f"draftModel: algorithm {algorithm!r} needs a draft model")
-    budget = (raw.get("ddtree") or {}).get("budget", 64)
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-        raise ValueError(f"ddtree.budget: must be a positive integer, got {budget!r}")
-    port = raw.get("port", 30000)
-    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-        raise ValueError(f"port: must be an integer in 1..65535, got {port!r}")
-    return Instance(str(raw.get("host", "127.0.0.1")), port, raw.get("apiKeyFile"),
-                    raw.get("startTimeout"), "bench fallback")
 
 
 def validate(raw: dict[str, Any]) -> Instance:
-    """Validate with the config module (the one validator) when it exists; ValueError if bad."""
-    try:
-        config = importlib.import_module("sglang_dflash.config")
-    except ModuleNotFoundError as e:
-        if e.name != "sglang_dflash.config":
-            raise
-        return _fallback_validate(raw)
-    cfg = config.parse_config(raw)  # ConfigError is a ValueError
-    return Instance(cfg.host, cfg.port, cfg.api_key_file, cfg.start_timeout,
-                    "config.parse_config")
+    """Validate with the config module, the one validator; ValueError (ConfigError) if bad."""
+    cfg = parse_config(raw)
+    return Instance(cfg.host, cfg.port, cfg.api_key_file, cfg.start_timeout)
 
 
 def tail(path: Path, n: int = 8) -> list[str]:
