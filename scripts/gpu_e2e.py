@@ -469,10 +469,33 @@ def step_plant(opts: Opts, step: str, serves: dict) -> dict:
                     "verify_ct_matches": meta.get("spec_verify_ct") == row["oracle_verify_ct"],
                 }
             rec["summary"] = judge_plant(rows) | {"oracle_exact": rec["oracle_exact"]}
+            rec["sampling_smoke"] = sampling_smoke(url, [r["input_ids"] for r in rows])
             if opts.bench:
                 rec["bench"] = run_bench(opts, url, name, "planted")
     rec["profile"] = read_jsonl(opts.out / f"profile-{name}.jsonl")
     return rec
+
+
+def sampling_smoke(url: str, prompts: list[list[int]]) -> dict:
+    """T > 0 through the DDTree sampling path: every request completes at full length.
+
+    Only a smoke test: losslessness in distribution is tested on the CPU (tests/ddtree); a
+    handful of samples here can show a crash or a truncated output, not a biased sampler.
+    """
+    results = []
+    for i, ids in enumerate(prompts):
+        body = {"input_ids": ids, "sampling_params": {
+            "temperature": 0.8, "top_p": 0.95, "max_new_tokens": GEN_TOKENS,
+            "ignore_eos": True, "sampling_seed": i}}
+        try:
+            r = http_json(url + "/generate", body)
+            meta = r.get("meta_info", {})
+            results.append({"tokens": len(r["output_ids"]),
+                            "accept_length": meta.get("spec_accept_length")})
+        except Exception as exc:
+            results.append({"error": f"{type(exc).__name__}: {exc}"})
+    ok = all(r.get("tokens") == GEN_TOKENS for r in results)
+    return {"temperature": 0.8, "all_full_length": ok, "requests": results}
 
 
 def step_simacc(opts: Opts, step: str) -> dict:
