@@ -21,10 +21,16 @@ which gives the same tree unless two scores are bit-identical) makes step 1 exac
 float32 rounding creates ties: a better parent's child never loses a tie to a worse parent's.
 Ties are broken by stable sorts over a fixed candidate layout, so every device gives the same
 tree. No host syncs: all shapes are static in (bs, L, K, N); the loops run over L on the host.
+
+On the GPU these ~150 small ops are launch-bound, so ``build_tree`` sends CUDA tensors to
+``tree_triton`` (one kernel: the N best-first pops in registers, same key, same tree bit for
+bit); ``build_tree_torch`` stays the reference and the CPU path.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -78,6 +84,20 @@ def _candidate_pairs(n: int, p: int, k: int, dev) -> tuple[torch.Tensor, ...]:
     return a_idx, r_idx, a_idx * k + r_idx
 
 
+IMPL_ENV = "SGLANG_DFLASH_DDTREE_IMPL"
+
+
+@functools.cache
+def _triton_builder():
+    """``tree_triton.build_tree_triton``, or None where triton cannot be imported (asked once:
+    a failed import is not cached by Python and would be retried on every build)."""
+    try:
+        from .tree_triton import build_tree_triton
+    except ImportError:
+        return None
+    return build_tree_triton
+
+
 def build_tree(
     logp: torch.Tensor,
     ids: torch.Tensor,
@@ -89,7 +109,26 @@ def build_tree(
 
     ``logp`` rows must be log-probabilities (<= 0, finite or -inf) sorted descending, as
     ``topk_logprobs`` returns them; ``-inf`` entries are impossible tokens, never selected.
+
+    CUDA tensors go to the one-launch Triton kernel when triton imports (the torch path is
+    launch-bound there); everything else, or ``SGLANG_DFLASH_DDTREE_IMPL=torch``, takes the
+    torch path. Both give bit-identical trees.
     """
+    if logp.is_cuda and os.environ.get(IMPL_ENV, "auto") != "torch":
+        triton_build = _triton_builder()
+        if triton_build is not None:
+            return triton_build(logp, ids, root_tokens, seq_lens, budget)
+    return build_tree_torch(logp, ids, root_tokens, seq_lens, budget)
+
+
+def build_tree_torch(
+    logp: torch.Tensor,
+    ids: torch.Tensor,
+    root_tokens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    budget: int,
+) -> DDTree:
+    """The torch implementation of ``build_tree``: the reference and the CPU path."""
     if logp.dim() != 3 or ids.shape != logp.shape:
         raise ValueError(f"logp/ids must be [bs, L, K] of one shape, got {logp.shape}/{ids.shape}")
     if budget < 1:

@@ -1,0 +1,179 @@
+"""The Triton tree builder gives the torch builder's tree, field for field, ties included.
+
+Without a GPU the kernel runs under the Triton interpreter (TRITON_INTERPRET=1, CPU tensors),
+so shapes stay small; with CUDA it runs compiled on the device. A subprocess also compiles the
+kernel for sm_90 (no GPU needed) so lowering errors the interpreter cannot see are caught here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch", reason="the DDTree core needs torch")
+from sglang_dflash.ddtree import tree as tree_mod  # noqa: E402
+from sglang_dflash.ddtree.tree import build_tree_torch  # noqa: E402
+
+from .test_tree import check_invariants, make_inputs  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+if not CUDA and sys.modules.get("triton") is not None and not os.environ.get("TRITON_INTERPRET"):
+    pytest.skip("triton was imported before interpreter mode could be set (no CUDA here)",
+                allow_module_level=True)
+
+
+def _import_triton_module():
+    """Import tree_triton compiled (CUDA) or interpreted (CPU). triton.jit picks the mode at
+    import time (of triton.language too), so TRITON_INTERPRET is set only around the imports."""
+    name = "sglang_dflash.ddtree.tree_triton"
+    old = os.environ.get("TRITON_INTERPRET")
+    if not CUDA:
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        pytest.importorskip("triton", reason="triton is not installed (pip install triton==3.6.0)")
+        return importlib.import_module(name)
+    finally:
+        if old is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+
+
+tt = _import_triton_module()
+
+
+@pytest.fixture(autouse=True)
+def _interpret(monkeypatch):
+    """Without CUDA the interpreter also reads TRITON_INTERPRET while a kernel runs."""
+    if not CUDA:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+FIELDS = ("tokens", "parents", "depths", "ranks", "scores", "visibility", "retrieve_index",
+          "next_token", "next_sibling", "positions", "valid", "num_nodes")
+
+
+def assert_same_tree(a, b) -> None:
+    assert a.max_depth == b.max_depth
+    for name in FIELDS:
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.dtype == y.dtype and x.shape == y.shape, name
+        assert y.is_contiguous(), name
+        assert torch.equal(x.cpu(), y.cpu()), name
+
+
+def both(bs, depth, k, budget, mode, seed=0, dtype=torch.float32):
+    logp, ids, roots, seq_lens = make_inputs(seed, bs, depth, k, mode)
+    logp = logp.to(dtype)
+    ref = build_tree_torch(logp, ids, roots, seq_lens, budget)
+    got = tt.build_tree_triton(logp.to(DEV), ids.to(DEV), roots.to(DEV), seq_lens.to(DEV),
+                               budget)
+    return ref, got, seq_lens
+
+
+@pytest.mark.parametrize("mode", ["smooth", "ties", "inf"])
+@pytest.mark.parametrize(
+    ("bs", "depth", "k", "budget"),
+    [
+        (1, 1, 1, 1),  # smallest tree; bs, L, K = 1 are specialised by triton
+        (2, 3, 4, 10),
+        (3, 5, 6, 40),
+        (2, 3, 2, 20),  # only 14 prefixes exist: padding rows
+        (1, 2, 9, 3),  # K > N
+        (2, 7, 3, 100),  # W = 101: row blocks of the visibility pass
+    ],
+)
+def test_triton_equals_torch(bs, depth, k, budget, mode):
+    ref, got, seq_lens = both(bs, depth, k, budget, mode, seed=bs * 100 + depth * 10 + k)
+    assert_same_tree(ref, got)
+    check_invariants(tree_mod.DDTree(**{f: getattr(got, f).cpu() for f in FIELDS},
+                                     max_depth=got.max_depth), seq_lens)
+
+
+@pytest.mark.parametrize("mode", ["smooth", "ties"])
+def test_triton_equals_torch_serving_shape(mode):
+    """L = 15, N = 64 (W = 65, past one 64-bit word), K = 48, as in the benchmark's main row."""
+    ref, got, _ = both(3, 15, 48, 64, mode, seed=7)
+    assert_same_tree(ref, got)
+
+
+def test_triton_bf16_logits_and_int32_ids():
+    logp, ids, roots, seq_lens = make_inputs(5, 2, 4, 8, "ties")
+    logp = logp.to(torch.bfloat16)
+    ref = build_tree_torch(logp, ids, roots, seq_lens, 30)
+    got = tt.build_tree_triton(logp.to(DEV), ids.int().to(DEV), roots.to(DEV),
+                               seq_lens.to(DEV), 30)
+    assert_same_tree(ref, got)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    bs=st.integers(1, 3),
+    depth=st.integers(1, 6),
+    k=st.integers(1, 10),
+    budget=st.integers(1, 48),
+    mode=st.sampled_from(["smooth", "ties", "inf"]),
+)
+def test_triton_equals_torch_random(seed, bs, depth, k, budget, mode):
+    ref, got, _ = both(bs, depth, k, budget, mode, seed=seed)
+    assert_same_tree(ref, got)
+
+
+def test_triton_rejects_bad_shapes():
+    logp, ids, roots, seq_lens = make_inputs(0, 1, 2, 3, "smooth")
+    with pytest.raises(ValueError, match="budget"):
+        tt.build_tree_triton(logp, ids, roots, seq_lens, 0)
+    with pytest.raises(ValueError, match="one shape"):
+        tt.build_tree_triton(logp, ids[:, :1], roots, seq_lens, 4)
+
+
+def test_dispatch():
+    """CPU tensors take the torch path; CUDA tensors the kernel, unless the env forces torch."""
+    assert tree_mod._triton_builder() is not None
+    if not CUDA:
+        pytest.skip("no CUDA device: dispatch to the kernel is only reachable with CUDA tensors")
+    logp, ids, roots, seq_lens = (t.cuda() for t in make_inputs(3, 4, 15, 32, "ties"))
+    assert_same_tree(build_tree_torch(logp, ids, roots, seq_lens, 64),
+                     tree_mod.build_tree(logp, ids, roots, seq_lens, 64))
+
+
+COMPILE = textwrap.dedent("""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from sglang_dflash.ddtree import tree_triton as tt
+    sig = {"logp_ptr": "*fp32", "ids_ptr": "*i64", "root_ptr": "*i64", "seq_ptr": "*i64",
+           "out_i64_ptr": "*i64", "scores_ptr": "*fp32", "valid_ptr": "*i1", "vis_ptr": "*i1",
+           "count_ptr": "*i64", "plane": "i32", "K": "i32", "L": "constexpr", "N": "constexpr",
+           "W": "constexpr", "WP": "constexpr", "BR": "constexpr"}
+    for n in (16, 64, 256):
+        w = n + 1
+        wp = triton.next_power_of_2(w)
+        src = ASTSource(fn=tt._ddtree_kernel, signature=sig,
+                        constexprs={"L": 15, "N": n, "W": w, "WP": wp, "BR": tt._rows(wp)})
+        k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                           options={"num_warps": tt._num_warps(wp)})
+        assert k.asm["cubin"], n
+        print(n, "cubin", len(k.asm["cubin"]))
+""")
+
+
+def test_kernel_compiles_for_sm90():
+    """Lower the kernel to an H200 (sm_90) cubin with triton's bundled ptxas: no GPU needed."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    src_dir = str(Path(tt.__file__).resolve().parents[2])  # the tree under test, not site's
+    env["PYTHONPATH"] = os.pathsep.join([src_dir, env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", COMPILE], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert [line.split()[0] for line in out.stdout.splitlines()] == ["16", "64", "256"]
