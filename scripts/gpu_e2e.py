@@ -469,6 +469,9 @@ def step_plant(opts: Opts, step: str, serves: dict) -> dict:
                     "verify_ct_matches": meta.get("spec_verify_ct") == row["oracle_verify_ct"],
                 }
             rec["summary"] = judge_plant(rows) | {"oracle_exact": rec["oracle_exact"]}
+            # Kept on disk at once: on 2026-12-02 the server hung in the next part (T > 0) and
+            # the call's time limit took the greedy results with it.
+            (opts.out / f"{name}-greedy.json").write_text(json.dumps(rec, indent=1))
             rec["sampling_smoke"] = sampling_smoke(url, [r["input_ids"] for r in rows])
             if opts.bench:
                 rec["bench"] = run_bench(opts, url, name, "planted")
@@ -488,12 +491,13 @@ def sampling_smoke(url: str, prompts: list[list[int]]) -> dict:
             "temperature": 0.8, "top_p": 0.95, "max_new_tokens": GEN_TOKENS,
             "ignore_eos": True, "sampling_seed": i}}
         try:
-            r = http_json(url + "/generate", body)
+            r = http_json(url + "/generate", body, timeout=30)
             meta = r.get("meta_info", {})
             results.append({"tokens": len(r["output_ids"]),
                             "accept_length": meta.get("spec_accept_length")})
-        except Exception as exc:
-            results.append({"error": f"{type(exc).__name__}: {exc}"})
+        except Exception as exc:  # a hung server: stop here, the rest would hang too
+            results.append({"prompt": i, "error": f"{type(exc).__name__}: {exc}"})
+            break
     ok = all(r.get("tokens") == GEN_TOKENS for r in results)
     return {"temperature": 0.8, "all_full_length": ok, "requests": results}
 
