@@ -23,6 +23,10 @@ spec_verify_ct / spec_accept_length against the CPU oracle (plant_oracle.expecte
 whether acceptance rises with the share of rank-0 plants; then a bench on the planted prompts.
 `simacc:<len>`: stock DFLASH with SGLANG_SIMULATE_ACC_LEN=<len> (outputs are the fixed token
 100 by SGLang's design, so they are not compared; acceptance and throughput are the point).
+`sample:<budget>[:noplant][:flashinfer]`: a fresh DDTree server whose FIRST requests are
+T = 0.8 / top_p = 0.95 (the call-14 stall), planted (after `serve:none`) or not, with
+`--sampling-backend pytorch` or, with `:flashinfer`, FlashInfer's; on a timeout it records
+running compilers, GPU utilisation and py-spy stacks, then whether a greedy request still works.
 """
 
 from __future__ import annotations
@@ -216,7 +220,7 @@ def running_server(opts: Opts, cfg: dict, name: str):
                             env=opts.env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     url = f"http://127.0.0.1:{PORT}"
-    rec: dict = {"config": cfg, "ready_seconds": None}
+    rec: dict = {"config": cfg, "ready_seconds": None, "pid": proc.pid}
     limit = min(cfg["startTimeout"] + 10, max(opts.clock.left() - 20, 30))
     while time.monotonic() - t0 < limit:
         if proc.poll() is not None:
@@ -472,34 +476,127 @@ def step_plant(opts: Opts, step: str, serves: dict) -> dict:
             # Kept on disk at once: on 2026-12-02 the server hung in the next part (T > 0) and
             # the call's time limit took the greedy results with it.
             (opts.out / f"{name}-greedy.json").write_text(json.dumps(rec, indent=1))
-            rec["sampling_smoke"] = sampling_smoke(url, [r["input_ids"] for r in rows])
+            rec["sampling_smoke"] = sampling_smoke(url, [r["input_ids"] for r in rows],
+                                                   rec.get("pid"))
             if opts.bench:
                 rec["bench"] = run_bench(opts, url, name, "planted")
     rec["profile"] = read_jsonl(opts.out / f"profile-{name}.jsonl")
     return rec
 
 
-def sampling_smoke(url: str, prompts: list[list[int]]) -> dict:
+def sampling_smoke(url: str, prompts: list[list[int]], pid: int | None = None) -> dict:
     """T > 0 through the DDTree sampling path: every request completes at full length.
 
     Only a smoke test: losslessness in distribution is tested on the CPU (tests/ddtree); a
     handful of samples here can show a crash or a truncated output, not a biased sampler.
+    On the first timeout the stall is described (``stall_diagnostics``) before giving up.
     """
     results = []
     for i, ids in enumerate(prompts):
         body = {"input_ids": ids, "sampling_params": {
             "temperature": 0.8, "top_p": 0.95, "max_new_tokens": GEN_TOKENS,
             "ignore_eos": True, "sampling_seed": i}}
+        t0 = time.monotonic()
         try:
             r = http_json(url + "/generate", body, timeout=30)
             meta = r.get("meta_info", {})
             results.append({"tokens": len(r["output_ids"]),
-                            "accept_length": meta.get("spec_accept_length")})
+                            "accept_length": meta.get("spec_accept_length"),
+                            "seconds": round(time.monotonic() - t0, 3)})
         except Exception as exc:  # a hung server: stop here, the rest would hang too
-            results.append({"prompt": i, "error": f"{type(exc).__name__}: {exc}"})
+            results.append({"prompt": i, "error": f"{type(exc).__name__}: {exc}",
+                            "stall": stall_diagnostics(pid)})
             break
     ok = all(r.get("tokens") == GEN_TOKENS for r in results)
     return {"temperature": 0.8, "all_full_length": ok, "requests": results}
+
+
+STALL_PROCS = ("nvcc", "cicc", "ptxas", "ninja", "fatbinary")
+
+
+def stall_diagnostics(pid: int | None) -> dict:
+    """What a stalled server is doing: compilers running (a JIT build), GPU busy (a spinning
+    kernel), and the Python stacks of the server's processes when py-spy is installed."""
+    out: dict = {}
+    ps = sh(["ps", "-eo", "pid,ppid,etimes,pcpu,args"], timeout=20)
+    lines = ps.get("stdout", "").splitlines()
+    out["compilers"] = [ln[:300] for ln in lines if any(c in ln for c in STALL_PROCS)][:20]
+    if shutil.which("nvidia-smi"):
+        smi = sh(["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used",
+                  "--format=csv,noheader"], timeout=20)
+        out["gpu"] = smi.get("stdout", "").strip()
+    spy = shutil.which("py-spy")
+    if spy and pid:
+        dump = sh([spy, "dump", "--pid", str(pid), "--subprocesses"], timeout=60)
+        out["py_spy"] = (dump.get("stdout", "") + dump.get("stderr", ""))[-12000:]
+    else:
+        out["py_spy"] = "py-spy not on PATH" if not spy else "no pid"
+    return out
+
+
+def flashinfer_sampling_builds() -> list[str]:
+    """FlashInfer's JIT-built sampling modules in its cache (empty = the next use compiles)."""
+    base = Path(os.environ.get("FLASHINFER_WORKSPACE_BASE", str(Path.home())))
+    root = base / ".cache" / "flashinfer"
+    if not root.is_dir():
+        return []
+    return sorted(str(p) for p in root.glob("**/sampling/*.so"))[:10]
+
+
+# ---- sample:<budget>[:noplant][:flashinfer] -------------------------------------------------
+
+
+SAMPLE_FLAGS = ("noplant", "flashinfer")
+
+
+def step_sample(opts: Opts, step: str, serves: dict) -> dict:
+    """The call-14 stall, reproduced on purpose: T = 0.8 requests FIRST on a fresh DDTree server.
+
+    ``sample:56`` plants like ``plant:56`` (needs ``serve:none`` earlier in the run),
+    ``sample:56:noplant`` runs the drafter as is; ``:flashinfer`` drops ``--sampling-backend
+    pytorch`` so the fused renorm kernels (warmed up at worker start) are exercised. A
+    greedy request afterwards shows whether the server is still alive.
+    """
+    parts = step.split(":")
+    budget = int(parts[1])
+    flags = set(parts[2:])
+    if flags - set(SAMPLE_FLAGS):
+        return {"error": f"unknown sample flag(s) {sorted(flags - set(SAMPLE_FLAGS))}; "
+                         f"known: {', '.join(SAMPLE_FLAGS)}"}
+    name = "-".join(["sample", str(budget), *[f for f in SAMPLE_FLAGS if f in flags]])
+    plant_path = None
+    if "noplant" not in flags:
+        conts = serves.get("serve:none", {}).get("continuations")
+        if not conts:
+            return {"error": "sample without :noplant needs `serve:none` earlier in the same "
+                             "run (its continuations are the plant)"}
+        plant_path = opts.out / f"{name}.json"
+        plant_path.write_text(json.dumps(plant_document(conts)))
+    cfg = instance_config(name, "ddtree", budget, opts.models, [])
+    if "flashinfer" in flags:
+        args = cfg["extraArgs"]
+        args[args.index("--sampling-backend") + 1] = "flashinfer"
+    cfg |= {"attentionBackend": opts.backend, "draftAttentionBackend": opts.backend,
+            "environment": ddtree_environment(opts, name, plant_path)}
+    before = flashinfer_sampling_builds()
+    with running_server(opts, cfg, name) as (url, rec):
+        rec["mode"] = step
+        rec["plant_file"] = str(plant_path) if plant_path else None
+        rec["flashinfer_sampling_before"] = before
+        if rec["ready_seconds"]:
+            rec["flashinfer_sampling_at_ready"] = flashinfer_sampling_builds()
+            rec["sampling_smoke"] = sampling_smoke(url, PLANT_PROMPTS, rec.get("pid"))
+            try:
+                r = http_json(url + "/generate", {"input_ids": PLANT_PROMPTS[0],
+                                                  "sampling_params": {
+                                                      "temperature": 0, "max_new_tokens": 8,
+                                                      "ignore_eos": True}}, timeout=30)
+                rec["alive_after"] = len(r["output_ids"]) == 8
+            except Exception as exc:
+                rec["alive_after"] = False
+                rec["alive_error"] = f"{type(exc).__name__}: {exc}"
+    rec["profile"] = read_jsonl(opts.out / f"profile-{name}.jsonl")
+    return rec
 
 
 def step_simacc(opts: Opts, step: str) -> dict:
@@ -564,11 +661,12 @@ def main() -> int:
     serves: dict = {}
     plants: dict = {}
     simaccs: dict = {}
+    samples: dict = {}
     for step in args.steps:
         t0 = time.monotonic()
         left = opts.clock.left()
         try:
-            if left < STEP_MIN_S and step.split(":")[0] in ("serve", "plant", "simacc"):
+            if left < STEP_MIN_S and step.split(":")[0] in ("serve", "plant", "simacc", "sample"):
                 results[step] = {"skipped": f"time budget: {left:.0f}s left"}
             elif step == "check":
                 results["check"] = step_check(args.out, env)
@@ -580,6 +678,8 @@ def main() -> int:
                 plants[step] = step_plant(opts, step, serves)
             elif step.startswith("simacc:"):
                 simaccs[step] = step_simacc(opts, step)
+            elif step.startswith("sample:"):
+                samples[step] = step_sample(opts, step, serves)
             else:
                 results[step] = {"error": f"unknown step {step!r}"}
         except Exception as exc:
@@ -588,6 +688,7 @@ def main() -> int:
         results["serve"] = serves
         results["plant"] = plants
         results["simacc"] = simaccs
+        results["sample"] = samples
         results["compare"] = compare(serves)
         results["elapsed_s"] = round(time.monotonic() - opts.clock.t0, 1)
         # Written after every step: a call cut off at its time limit still returns the rest.
@@ -595,11 +696,13 @@ def main() -> int:
     print(json.dumps({
         "compare": results["compare"],
         "ready": {m: r.get("ready_seconds")
-                  for m, r in {**serves, **plants, **simaccs}.items()},
+                  for m, r in {**serves, **plants, **simaccs, **samples}.items()},
         "plant": {m: r.get("summary", r.get("error")) for m, r in plants.items()},
         "simacc": {m: r.get("accept_lengths", r.get("error")) for m, r in simaccs.items()},
+        "sample": {m: r.get("sampling_smoke", r.get("error")) for m, r in samples.items()},
         "errors": {k: v["error"]
-                   for k, v in {**results, **serves, **plants, **simaccs}.items()
+                   for k, v in {**results, **serves, **plants, **simaccs,
+                                **samples}.items()
                    if isinstance(v, dict) and "error" in v},
         "elapsed_s": results.get("elapsed_s"),
     }))

@@ -90,3 +90,32 @@ def test_plant_without_none_run_and_time_budget(tmp_path):
     _, res = _run(tmp_path, "--no-bench", "--time-budget-s", "5", "serve:none", "plant:8")
     assert "time budget" in res["serve:none"]["skipped"]
     assert "time budget" in res["plant:8"]["skipped"] and res["serve"] == {}
+
+
+def test_sample_steps_against_standin(tmp_path):
+    """`sample:<N>[:noplant][:flashinfer]`: T > 0 first, plant or not, the backend flag."""
+    proc, res = _run(
+        tmp_path, "--no-bench", "sample:64", "serve:none", "sample:16", "sample:56:noplant",
+        "sample:56:noplant:flashinfer", "sample:16:bogus",
+    )  # fmt: skip
+    out = tmp_path / "out"
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    samples = res["sample"]
+    # a planted sample step before serve:none has no continuations to plant
+    assert "serve:none" in samples["sample:64"]["error"]
+    planted = samples["sample:16"]
+    assert planted["plant_file"] == str(out / "sample-16.json")
+    assert json.loads((out / "sample-16.json").read_text())["test_only"] is True
+    for step in ("sample:16", "sample:56:noplant", "sample:56:noplant:flashinfer"):
+        rec = samples[step]
+        smoke = rec["sampling_smoke"]
+        assert smoke["temperature"] == 0.8 and smoke["all_full_length"] is True, smoke
+        assert len(smoke["requests"]) == 6 and rec["alive_after"] is True
+        assert isinstance(rec["flashinfer_sampling_before"], list)
+    noplant = json.loads((out / "config-sample-56-noplant.json").read_text())
+    assert "SGLANG_DFLASH_DDTREE_PLANT" not in noplant["environment"]
+    assert noplant["extraArgs"][:2] == ["--sampling-backend", "pytorch"]
+    fi = json.loads((out / "config-sample-56-noplant-flashinfer.json").read_text())
+    assert fi["extraArgs"][:2] == ["--sampling-backend", "flashinfer"]
+    assert "unknown sample flag" in samples["sample:16:bogus"]["error"]
+    assert set(summary["errors"]) == {"sample:64", "sample:16:bogus"}

@@ -141,7 +141,7 @@ def per_node_targets(
     ``top_ks`` (>= vocab or <= 0 = off), ``top_ps`` and ``min_ps`` are ``[bs]`` or ``[bs, 1]``;
     SGLang encodes greedy requests as top_k = 1, which this honours exactly. ``renorm`` is
     sgl_kernel's ``(top_k_renorm_prob, top_p_renorm_prob)`` on CUDA (what EAGLE's verify uses);
-    without it a torch sort does the same filtering.
+    without it a torch sort does the same filtering. No host sync (see ``draw_rows``).
     """
     rows, vocab = logits.shape
     bs = rows // width
@@ -177,5 +177,46 @@ def per_node_targets(
     if min_ps is not None:
         mp = per_row(min_ps, 0.0).float()
         probs = torch.where(probs >= mp * probs.max(-1, keepdim=True).values, probs, 0.0)
-    draw = torch.multinomial(probs, 1, generator=generator)
-    return draw.view(bs, width)
+    return draw_rows(probs, logits, generator).view(bs, width)
+
+
+def draw_rows(
+    probs: torch.Tensor, logits: torch.Tensor, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """One draw per row of ``probs`` ``[R, V]``, with no host sync and no failure mode.
+
+    ``argmax(p / E)`` with ``E ~ Exp(1)`` is an exact categorical sample (the trick
+    ``torch.multinomial`` uses for one sample), minus multinomial's validity checks, which
+    (depending on the torch build) sync with the host, or raise or assert on the device on a
+    NaN/inf/all-zero row and take the scheduler down. A row that is
+    not a distribution (non-finite, negative or zero mass) takes the argmax of its finite
+    ``logits`` instead, so a degenerate row yields a defined token, never an error or a hang.
+    """
+    p = probs.float()
+    ok = torch.isfinite(p).all(-1) & (p >= 0).all(-1) & (p.sum(-1) > 0)
+    p = torch.where(ok.unsqueeze(1), p, torch.zeros_like(p)).nan_to_num(0.0)
+    noise = torch.empty_like(p).exponential_(1.0, generator=generator)
+    noise.clamp_(min=torch.finfo(torch.float32).tiny)  # 0/0 would be a NaN argmax
+    sampled = (p / noise).argmax(-1)
+    finite = torch.nan_to_num(logits.float(), nan=float("-inf"))
+    return torch.where(ok, sampled, finite.argmax(-1)).view(-1, 1)
+
+
+def use_fused_renorm(sampling_backend: str | None, on_cuda: bool) -> bool:
+    """Whether the T > 0 path may use sgl_kernel's (FlashInfer's) top-k/top-p renorm kernels.
+
+    FlashInfer JIT-compiles its sampling module on first use. Under ``--sampling-backend
+    pytorch`` nothing else in SGLang loads it, so the first T > 0 DDTree round compiled it
+    inside the scheduler thread (no log line, a minute or more on a cold cache: the
+    call-14 "hang").
+    Honour the operator's choice: pytorch means the torch filtering here.
+    """
+    return bool(on_cuda) and (sampling_backend or "flashinfer") != "pytorch"
+
+
+def warm_up_renorm(renorm: tuple[Callable, Callable], device) -> None:
+    """Call both renorm kernels once on a tiny batch so that any JIT build runs at start-up."""
+    probs = torch.softmax(torch.arange(8.0, device=device).repeat(2, 1), dim=-1)
+    top_k_renorm, top_p_renorm = renorm
+    top_k_renorm(probs, torch.full((2,), 4, dtype=torch.int32, device=device))
+    top_p_renorm(probs, torch.full((2,), 0.9, dtype=torch.float32, device=device))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any
 
 import torch
@@ -55,20 +56,38 @@ from sglang_dflash.sglang_overlay.verify import (
     gather_accepted_rows,
     greedy_accept,
     per_node_targets,
+    use_fused_renorm,
+    warm_up_renorm,
 )
 
 logger = logging.getLogger(__name__)
 
 
-def _renorm_kernels():
-    """sgl_kernel's top-k / top-p renormalisation on CUDA; None = torch fallback."""
-    if not is_cuda():
+def _renorm_kernels(sampling_backend, device):
+    """sgl_kernel's top-k / top-p renormalisation, built now; None = torch filtering.
+
+    The kernels are FlashInfer's, JIT-compiled on first use: warming them up here puts that
+    build (a minute or more on a cold cache) in start-up, not in the first T > 0 decode round,
+    where it silently stalled the scheduler (call 14). ``--sampling-backend pytorch`` keeps
+    them out.
+    """
+    if not use_fused_renorm(sampling_backend, is_cuda()):
         return None
     try:
         from sgl_kernel import top_k_renorm_prob, top_p_renorm_prob
     except ImportError:
         return None
-    return top_k_renorm_prob, top_p_renorm_prob
+    renorm = (top_k_renorm_prob, top_p_renorm_prob)
+    t0 = time.monotonic()
+    try:
+        warm_up_renorm(renorm, device)
+        torch.cuda.synchronize(device)
+    except Exception as exc:  # e.g. no nvcc for the JIT build: T > 0 still works, in torch
+        logger.warning("DDTree T>0 renorm kernels unavailable (%s); using torch filtering.",
+                       str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return None
+    logger.info("DDTree T>0 renorm kernels ready in %.1f s.", time.monotonic() - t0)
+    return renorm
 
 
 def _tree_kernel():
@@ -133,7 +152,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             draft_token_num=self.block_size, device=self.device
         )
         self._verify_kernel = _tree_kernel()
-        self._renorm = _renorm_kernels()
+        self._renorm = _renorm_kernels(getattr(server_args, "sampling_backend", None),
+                                       self.device)
         self._topk_head: DraftTopKHead | None = None
         vocab = int(target_worker.model_runner.model_config.vocab_size)
         self._topk_k = min(budget, vocab)
