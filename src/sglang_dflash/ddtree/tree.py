@@ -121,6 +121,18 @@ def build_tree(
     return build_tree_torch(logp, ids, root_tokens, seq_lens, budget)
 
 
+def check_inputs(logp: torch.Tensor, ids: torch.Tensor, budget: int) -> tuple[int, int, int]:
+    """Shared argument checks of both implementations; returns (bs, L, K)."""
+    if logp.dim() != 3 or ids.shape != logp.shape:
+        raise ValueError(f"logp/ids must be [bs, L, K] of one shape, got {logp.shape}/{ids.shape}")
+    if budget < 1:
+        raise ValueError(f"budget must be >= 1, got {budget}")
+    bs, depth_max, k = logp.shape
+    if depth_max < 1 or k < 1:
+        raise ValueError(f"logp needs L >= 1 and K >= 1, got {tuple(logp.shape)}")
+    return bs, depth_max, k
+
+
 def build_tree_torch(
     logp: torch.Tensor,
     ids: torch.Tensor,
@@ -129,11 +141,7 @@ def build_tree_torch(
     budget: int,
 ) -> DDTree:
     """The torch implementation of ``build_tree``: the reference and the CPU path."""
-    if logp.dim() != 3 or ids.shape != logp.shape:
-        raise ValueError(f"logp/ids must be [bs, L, K] of one shape, got {logp.shape}/{ids.shape}")
-    if budget < 1:
-        raise ValueError(f"budget must be >= 1, got {budget}")
-    bs, depth_max, k = logp.shape
+    bs, depth_max, k = check_inputs(logp, ids, budget)
     dev = logp.device
     logp = logp.float()
     n = budget

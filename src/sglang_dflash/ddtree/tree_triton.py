@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .tree import DDTree
+from .tree import DDTree, check_inputs
 
 # int64 output fields, stored as one [8, bs, W] block (each [bs, W] slice contiguous)
 _FIELDS = ("tokens", "parents", "depths", "ranks", "positions", "retrieve_index",
@@ -169,13 +169,7 @@ def build_tree_triton(
     budget: int,
 ) -> DDTree:
     """``build_tree`` in one Triton launch; same arguments, same tree as the torch path."""
-    if logp.dim() != 3 or ids.shape != logp.shape:
-        raise ValueError(f"logp/ids must be [bs, L, K] of one shape, got {logp.shape}/{ids.shape}")
-    if budget < 1:
-        raise ValueError(f"budget must be >= 1, got {budget}")
-    bs, depth_max, k = logp.shape
-    if depth_max < 1 or k < 1:
-        raise ValueError(f"logp needs L >= 1 and K >= 1, got {tuple(logp.shape)}")
+    bs, depth_max, k = check_inputs(logp, ids, budget)
     dev = logp.device
     width = budget + 1
     wp = triton.next_power_of_2(width)
