@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from sglang_dflash.check.driver_msgs import explain_driver_message
 from sglang_dflash.check.finder import find_spec_in
 from sglang_dflash.check.result import FAIL, SKIP, Result, failed, passed, skipped
 from sglang_dflash.pins import Pins
@@ -115,16 +116,20 @@ def check_lockstep(lockstep: dict[str, list[str]], versions: dict[str, str | Non
 
 # Most specific first: sgl_kernel's "Could not load any common_ops library!" report
 # lists the underlying errors (a missing libnvrtc, an undefined symbol) beneath it.
+# Driver-level messages (stub, too old, mismatch, unknown error) go to driver_msgs first.
 _PATTERNS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"undefined symbol: (\S+)"), "symbol"),
     (re.compile(r"(libcudart\.so\.(\d+))"), "cudart"),
-    (re.compile(r"CUDA driver is a stub library"), "stub"),
+    (re.compile(r"(\S+) with minimum required version (\S+) is not installed"), "minver"),
+    (re.compile(r"fatal error: ([\w/]+\.h): No such file or directory"), "header"),
+    (re.compile(r"No such file or directory: '(/sbin/ldconfig)'"), "ldconfig"),
     (re.compile(r"(libcuda\.so(?:\.1)?)\b(?!\.\d)"), "libcuda"),
+    (re.compile(r"cannot find (-lcuda)\b"), "libcuda"),
     (re.compile(r"Found no NVIDIA driver|no CUDA GPUs are available"), "nogpu"),
     (re.compile(r"(libnvrtc\.so(?:\.\d+)?)"), "lib"),
     (re.compile(r"(lib[\w\-]+\.so[\.\d]*): cannot open shared object file"), "lib"),
-    (re.compile(r"flashinfer-(?:cubin|jit-cache) version .* does not match"), "lockstep"),
-    (re.compile(r"driver on your system is too old"), "driver"),
+    (re.compile(r"flashinfer-(?:cubin|jit-cache) version .*? does not match"
+                r"(?: flashinfer version \([^)]*\))?"), "lockstep"),
     (re.compile(r"Could not find nvcc"), "nvcc"),
     (re.compile(r"Could not load any common_ops library"), "symbol"),
     (re.compile(r"No module named '([^']+)'"), "nomodule"),
@@ -138,6 +143,9 @@ def explain_import_error(dist: str, module: str, text: str, torch: TorchInfo | N
     tc = torch.cuda if torch else None
     pin = pins.version(dist) if dist in pins.distributions else "the pinned version"
     torch_pin = pins.version("torch")
+    diag = explain_driver_message(text, pins)
+    if diag is not None:
+        return FAIL, f"import {module}: {diag.cause}", diag.fix
     for pattern, kind in _PATTERNS:
         m = pattern.search(text)
         if not m:
@@ -149,37 +157,57 @@ def explain_import_error(dist: str, module: str, text: str, torch: TorchInfo | N
                 f"install {dist}=={pin} together with torch=={torch_pin}+cu"
                 f"{pins.cuda_version.replace('.', '')} (built against each other)")
         if kind == "cudart":
+            if tc and tc.split(".")[0] == m.group(2):
+                return FAIL, (f"import {module} failed: {m.group(1)} not loadable — the CUDA "
+                              f"{m.group(2)} runtime torch {tv} needs is not on the loader "
+                              f"path"), (
+                    f"install nvidia-cuda-runtime for CUDA {m.group(2)} (torch's dependency) "
+                    f"or put its lib dir on LD_LIBRARY_PATH")
             return FAIL, (f"import {module} failed: {m.group(1)} not loadable — {dist} was "
                           f"built for CUDA {m.group(2)}, torch has CUDA {tc} "
                           f"(CUDA major mismatch)"), (
                 f"install the CUDA {pins.cuda_version} builds of torch and {dist}")
+        if kind == "minver":
+            return FAIL, (f"import {module}: {m.group(1)} >= {m.group(2)} required but its "
+                          f"distribution metadata is missing or older"), (
+                f"install {m.group(1).replace('_', '-')} at its pin with pip/uv so its "
+                f"dist-info exists (`nix build .#sglang-dflash` has it)")
+        if kind == "header":
+            return FAIL, (f"import {module}: JIT compile cannot find {m.group(1)} — CUDA "
+                          f"toolkit headers are not on the include path"), (
+                f"set CUDA_HOME to a complete CUDA {pins.cuda_version} toolkit whose include/ "
+                f"has cuda_runtime.h and cuda_fp8.h (Nix: join cuda_nvcc with cuda_cudart's "
+                f"dev output), or add that include/ to CPATH")
+        if kind == "ldconfig":
+            found = (f"import {module}: Triton looked for libcuda with {m.group(1)}, which "
+                     f"does not exist (NixOS)")
+            if offline:
+                return SKIP, f"{found}; no driver in this sandbox (--offline)", ""
+            return FAIL, found, ("set TRITON_LIBCUDA_PATH to the directory holding the "
+                                 "driver's libcuda.so (NixOS: /run/opengl-driver/lib)")
         if kind == "libcuda":
             found = f"import {module} needs {m.group(1)}: driver library not available"
             if offline:
                 return SKIP, f"{found} in this sandbox (--offline)", ""
-            return FAIL, found, ("install the NVIDIA driver (>= " + pins.driver_min + "); on "
-                                 "NixOS add /run/opengl-driver/lib to the library path")
+            return FAIL, found, ("install the NVIDIA driver (>= " + pins.driver_min + ") and "
+                                 "set TRITON_LIBCUDA_PATH to the directory holding its "
+                                 "libcuda.so (NixOS: /run/opengl-driver/lib)")
         if kind == "nogpu":
             found = f"import {module} needs a GPU: {m.group(0)}"
             if offline:
                 return SKIP, f"{found} (no GPU in this sandbox, --offline)", ""
             return FAIL, found, "run on the GPU host; check the driver and device access"
-        if kind == "stub":
-            return FAIL, f"import {module}: the CUDA driver loaded is a stub library", (
-                "remove the stub libcuda.so from LD_LIBRARY_PATH/RUNPATH; load the driver's")
         if kind == "lib":
             return FAIL, f"import {module} failed: {m.group(1)} not loadable", (
                 f"install the CUDA {pins.cuda_version} runtime wheels torch depends on "
                 f"(nvidia-*-cu13) or put their lib dirs on the loader path")
         if kind == "lockstep":
             return FAIL, f"import {module}: {m.group(0)}", (
-                "install the same version of every flashinfer package")
-        if kind == "driver":
-            return FAIL, f"import {module}: NVIDIA driver too old for CUDA {pins.cuda_version}", (
-                f"upgrade the driver to >= {pins.driver_min}")
+                "install the same version of every flashinfer package (flashinfer-python, "
+                "-cubin, -jit-cache); FLASHINFER_DISABLE_VERSION_CHECK=1 only hides it")
         if kind == "nvcc":
-            return FAIL, f"import {module}: nvcc not found", (
-                "set CUDA_HOME to a CUDA " + pins.cuda_version + " toolkit")
+            return FAIL, f"import {module}: nvcc not found (FlashInfer JIT needs a toolkit)", (
+                "set CUDA_HOME to a CUDA " + pins.cuda_version + " toolkit (with bin/nvcc)")
         if kind == "nomodule":
             return FAIL, f"import {module} failed: no module named {m.group(1)!r}", (
                 f"reinstall {dist}=={pin} and its dependencies")

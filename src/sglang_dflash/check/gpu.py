@@ -17,12 +17,16 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sglang_dflash.check.driver_msgs import explain_driver_message
 from sglang_dflash.check.finder import find_spec_in
 from sglang_dflash.check.result import Result, failed, passed, skipped
 from sglang_dflash.pins import Pins
 
 LAYER = "gpu"
 PROBE_TIMEOUT_S = 120.0
+# FlashInfer/sgl-kernel JIT includes these; a toolkit without them fails at the first
+# compile ("fatal error: cuda_fp8.h: No such file or directory").
+JIT_HEADERS = ("cuda_runtime.h", "cuda_fp8.h")
 
 # Runs in the subprocess. Progress goes to stderr so a hang names the device.
 PROBE = r"""
@@ -86,6 +90,7 @@ class HostFacts:
     libcuda_dirs: list[str] = field(default_factory=list)
     nvrtc: str | None = None
     nvrtc_tried: list[str] = field(default_factory=list)
+    missing_headers: list[str] = field(default_factory=list)  # of JIT_HEADERS, beside nvcc
 
 
 def run_probe(timeout: float = PROBE_TIMEOUT_S) -> tuple[dict | None, str]:
@@ -146,13 +151,17 @@ def evaluate_driver(facts: dict, proc_text: str | None, pins: Pins) -> list[Resu
     return out
 
 
-def evaluate_devices(facts: dict) -> list[Result]:
+def evaluate_devices(facts: dict, pins: Pins | None = None) -> list[Result]:
     if "torch_error" in facts:
         return [failed(LAYER, "devices", f"import torch failed: {facts['torch_error']}",
                        "fix the abi layer first")]
     if not facts.get("cuda_available") or not facts.get("device_count"):
         why = "; ".join(facts.get("warnings", [])) or f"torch {facts.get('torch_version')}, " \
             f"CUDA {facts.get('torch_cuda')}"
+        diag = explain_driver_message(why, pins) if pins is not None else None
+        if diag is not None:
+            return [failed(LAYER, "devices", f"no CUDA device visible: {diag.cause} ({why})",
+                           diag.fix)]
         return [failed(LAYER, "devices", f"no CUDA device visible ({why})",
                        "check CUDA_VISIBLE_DEVICES, the driver, device access "
                        "(/dev/nvidia*, DeviceAllow) and that torch is a CUDA build")]
@@ -209,6 +218,15 @@ def evaluate_jit(host: HostFacts, pins: Pins) -> list[Result]:
         out.append(failed(LAYER, "nvcc", "nvcc not found in $CUDA_HOME/bin or PATH (FlashInfer "
                           "JIT: 'Could not find nvcc')",
                           f"set CUDA_HOME to a CUDA {pins.cuda_version} toolkit"))
+    if host.nvcc and host.missing_headers:
+        out.append(failed(LAYER, "cuda_headers", f"{', '.join(host.missing_headers)} not found "
+                          f"beside {host.nvcc}, in $CUDA_HOME/include or $CPATH (JIT: 'fatal "
+                          f"error: {host.missing_headers[0]}: No such file or directory')",
+                          f"set CUDA_HOME to a complete CUDA {pins.cuda_version} toolkit "
+                          "(Nix: join cuda_nvcc with cuda_cudart's dev output) or add its "
+                          "include/ to CPATH"))
+    elif host.nvcc:
+        out.append(passed(LAYER, "cuda_headers", f"{', '.join(JIT_HEADERS)} found"))
     if host.libcuda_dirs:
         out.append(passed(LAYER, "libcuda", "libcuda for Triton in " + host.libcuda_dirs[0]))
     else:
@@ -252,6 +270,18 @@ def nvcc_release(nvcc: str | None) -> str | None:
         return None
     m = re.search(r"release (\d+\.\d+)", text)
     return m.group(1) if m else None
+
+
+def missing_headers(nvcc: str | None, env: dict[str, str]) -> list[str]:
+    """JIT_HEADERS found in none of: nvcc's toolkit include dirs, $CUDA_HOME/include, $CPATH."""
+    if not nvcc:
+        return []
+    root = Path(nvcc).resolve().parent.parent
+    dirs = [root / "include", *root.glob("targets/*/include")]
+    if env.get("CUDA_HOME"):
+        dirs.append(Path(env["CUDA_HOME"]) / "include")
+    dirs += [Path(d) for d in env.get("CPATH", "").split(":") if d]
+    return [h for h in JIT_HEADERS if not any((d / h).is_file() for d in dirs)]
 
 
 def find_libcuda_dirs() -> list[str]:
@@ -299,7 +329,8 @@ def host_facts(pins: Pins, entries: list[str]) -> HostFacts:
     nvcc = find_nvcc()
     return HostFacts(proc_driver=_read("/proc/driver/nvidia/version"), nvcc=nvcc,
                      nvcc_release=nvcc_release(nvcc), libcuda_dirs=find_libcuda_dirs(),
-                     nvrtc=find_nvrtc(cands), nvrtc_tried=cands)
+                     nvrtc=find_nvrtc(cands), nvrtc_tried=cands,
+                     missing_headers=missing_headers(nvcc, dict(os.environ)))
 
 
 def evaluate(facts: dict | None, probe_error: str, host: HostFacts, pins: Pins) -> list[Result]:
@@ -309,7 +340,7 @@ def evaluate(facts: dict | None, probe_error: str, host: HostFacts, pins: Pins) 
                       "GPU needs a reset or a reboot")]
     else:
         out = evaluate_driver(facts, host.proc_driver, pins)
-        out += evaluate_devices(facts)
+        out += evaluate_devices(facts, pins)
         out += evaluate_arch(facts)
     return out + evaluate_jit(host, pins)
 
