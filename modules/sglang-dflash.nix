@@ -265,6 +265,10 @@ let
       })
     allGpus;
 
+  # Literal paths in directives that expand systemd specifiers (%i, %h, ...): % must be %%.
+  escapeSpecifiers = lib.replaceStrings [ "%" ] [ "%%" ];
+  # NixOS writes `Key=value` lines verbatim: a control character would start a new directive.
+  hasControl = s: s != null && builtins.match ".*[[:cntrl:]].*" s != null;
   hasFlag = flags: i: lib.any (a: lib.elem (lib.head (lib.splitString "=" a)) flags) i.extraArgs;
   instanceAssertions = name: i:
     let p = "services.sglang-dflash.instances.${name}"; in [
@@ -299,6 +303,11 @@ let
         assertion = i.apiKeyFile == null
           || (lib.hasPrefix "/" i.apiKeyFile && !(lib.hasPrefix builtins.storeDir i.apiKeyFile));
         message = "${p}.apiKeyFile must be an absolute path outside the Nix store (got ${toString i.apiKeyFile}).";
+      }
+      {
+        assertion = !(hasControl i.apiKeyFile) && !(hasControl i.environmentFile);
+        message = "${p}: apiKeyFile and environmentFile must not contain control characters "
+          + "(a newline would inject a unit directive).";
       }
       {
         assertion = !(hasFlag [ "--config" ] i);
@@ -348,8 +357,8 @@ let
         User = i.user;
         Group = if i.group != null then i.group else i.user;
       }
-      // lib.optionalAttrs (i.apiKeyFile != null) { LoadCredential = "api-key:${i.apiKeyFile}"; }
-      // lib.optionalAttrs (i.environmentFile != null) { EnvironmentFile = i.environmentFile; };
+      // lib.optionalAttrs (i.apiKeyFile != null) { LoadCredential = "api-key:${escapeSpecifiers i.apiKeyFile}"; }
+      // lib.optionalAttrs (i.environmentFile != null) { EnvironmentFile = escapeSpecifiers i.environmentFile; };
     };
 
   staticUsers = lib.filter (i: i.user != null) (lib.attrValues enabled);

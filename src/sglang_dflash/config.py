@@ -24,6 +24,12 @@ DEFAULT_START_TIMEOUT = 1800
 DDTREE_BUDGET_ENV = "SGLANG_DFLASH_DDTREE_BUDGET"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+# Keys whose value follows a flag in SGLang's argv: a leading '-' would be parsed as a flag.
+FLAG_VALUE_KEYS = (
+    "model", "modelRevision", "draftModel", "draftModelRevision", "host", "attentionBackend",
+    "draftAttentionBackend", "servedModelName", "loadFormat", "draftLoadFormat",
+)
 # Flags serve owns: a key on the command line would be readable in /proc by every local
 # user, and serve passes the key through SGLang's --config file instead.
 FORBIDDEN_EXTRA_ARGS = ("--api-key", "--admin-api-key", "--config")
@@ -162,9 +168,11 @@ def _parse_environment(raw: Any) -> tuple[tuple[str, str], ...]:
         raise ConfigError(f"environment: must be an object of strings, got {type(raw).__name__}")
     for k, v in raw.items():
         if not ENV_NAME_RE.match(k):
-            raise ConfigError(f"environment.{k}: not a valid environment variable name")
+            raise ConfigError(f"environment.{k!r}: not a valid environment variable name")
         if not isinstance(v, str):
             raise ConfigError(f"environment.{k}: must be a string, got {type(v).__name__}")
+        if "\0" in v:  # an environment block cannot carry NUL; Popen would raise
+            raise ConfigError(f"environment.{k}: must not contain a NUL character")
     if "CUDA_VISIBLE_DEVICES" in raw:
         raise ConfigError("environment.CUDA_VISIBLE_DEVICES: set the GPUs with `gpus` instead")
     if DDTREE_BUDGET_ENV in raw:
@@ -180,7 +188,14 @@ def _parse_extra_args(raw: Any) -> tuple[str, ...]:
     if not isinstance(raw, list) or not all(isinstance(a, str) for a in raw):
         raise ConfigError("extraArgs: must be a list of strings")
     for a in raw:
+        if "\0" in a:  # argv cannot carry NUL; Popen would raise
+            raise ConfigError(f"extraArgs: {a!r} contains a NUL character")
         flag = _flag_of(a)
+        owned = (*FORBIDDEN_EXTRA_ARGS, *TYPED_FLAGS)
+        if len(flag) > 2 and flag not in owned and any(f.startswith(flag) for f in owned):
+            # SGLang's argparse accepts unambiguous abbreviations: --api-k=x is --api-key=x.
+            full = next(f for f in owned if f.startswith(flag))
+            raise ConfigError(f"extraArgs: {flag} abbreviates {full}, which serve owns")
         if flag in ("--api-key", "--admin-api-key"):
             raise ConfigError(
                 f"extraArgs: {flag} puts the key on the command line; use apiKeyFile instead"
@@ -213,6 +228,15 @@ def parse_config(raw: Any) -> InstanceConfig:
         if key in raw:
             _check_type(key, raw[key], types, nullable)
             values[_snake(key)] = raw[key]
+            if isinstance(raw[key], str) and CONTROL_RE.search(raw[key]):
+                raise ConfigError(f"{key}: must not contain control characters, got {raw[key]!r}")
+    for key in FLAG_VALUE_KEYS:
+        value = values.get(_snake(key))
+        if isinstance(value, str) and value.startswith("-"):
+            raise ConfigError(
+                f"{key}: {value!r} starts with '-', which SGLang would read as a flag "
+                "(write a local path as ./-name or an absolute path)"
+            )
 
     if not NAME_RE.match(values["name"]):
         raise ConfigError(f"name: {values['name']!r} must match {NAME_RE.pattern}")

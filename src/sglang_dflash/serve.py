@@ -322,22 +322,37 @@ def supervise(cfg: InstanceConfig, interval: float, environ: dict[str, str],
     for k in config_unset_env(cfg):
         env.pop(k, None)
     env.update(render_env(cfg))
-    key_path = write_key_config(key, environ) if key is not None else None
-    if key_path is not None:
-        argv += ["--config", str(key_path)]
     where = f"{cfg.host}:{cfg.port}"
-    if port_in_use(cfg.host, cfg.port):
-        remove_key_config(key_path)
-        _err(f"something already listens on {where}; another instance or a stale server?")
-        return 1
+    # From before the key file exists: a stop signal must reach the cleanup in `finally`.
+    pending: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, _f: pending.append(signum))
+                for s in (signal.SIGTERM, signal.SIGINT)}
+    key_path: Path | None = None
+    sup: Supervisor | None = None
     try:
-        sup = Supervisor(cfg, argv, env, grace)
-    except OSError as e:
-        remove_key_config(key_path)
-        _err(f"cannot start {argv[0]}: {e.strerror or e}")
-        return 1
-    previous = {s: signal.signal(s, sup.forward) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
+        try:
+            key_path = write_key_config(key, environ) if key is not None else None
+        except OSError as e:
+            _err(f"cannot write the API key config for SGLang: {e.strerror or e} "
+                 f"({e.filename or 'temporary directory'})")
+            return 1
+        if key_path is not None:
+            argv += ["--config", str(key_path)]
+        if port_in_use(cfg.host, cfg.port):
+            _err(f"something already listens on {where}; another instance or a stale server?")
+            return 1
+        if pending:
+            _err(f"{signal.Signals(pending[0]).name} before SGLang started; not starting it")
+            return exit_code(-pending[0])
+        try:
+            sup = Supervisor(cfg, argv, env, grace)
+        except (OSError, ValueError) as e:  # ValueError: a NUL byte in argv or the environment
+            _err(f"cannot start {argv[0]}: {getattr(e, 'strerror', None) or e}")
+            return 1
+        for s in previous:
+            signal.signal(s, sup.forward)
+        if pending:  # arrived while the child was being spawned
+            sup.forward(pending[0])
         sdnotify.notify(f"STATUS=starting SGLang ({cfg.algorithm}) on {where}", environ)
         started = time.monotonic()
         ready = sup.wait_ready(interval, cfg.start_timeout)
@@ -363,8 +378,9 @@ def supervise(cfg: InstanceConfig, interval: float, environ: dict[str, str],
             return 1
         took = time.monotonic() - started
         status = f"serving {cfg.served_model_name or cfg.model} ({cfg.algorithm}) on {where}"
-        sdnotify.notify(f"READY=1\nSTATUS={status}", environ)
-        _err(f"ready after {took:.1f}s: {status}")
+        if sup.signalled is None:  # a stop that raced the last probe: no READY after STOPPING
+            sdnotify.notify(f"READY=1\nSTATUS={status}", environ)
+            _err(f"ready after {took:.1f}s: {status}")
         code = sup.wait_exit()
         if sup.signalled is None:
             _report_death(sup, "after it was ready")
@@ -374,7 +390,7 @@ def supervise(cfg: InstanceConfig, interval: float, environ: dict[str, str],
         for s, h in previous.items():
             signal.signal(s, h)
         remove_key_config(key_path)
-        if sup.proc.poll() is None:
+        if sup is not None and sup.proc.poll() is None:
             sup.stop()
 
 

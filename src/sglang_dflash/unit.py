@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass
 from importlib import resources
@@ -22,6 +23,13 @@ from sglang_dflash.config import ConfigError, InstanceConfig, load_config
 DEFAULT_PACKAGE_PATH = "/nix/var/nix/profiles/sglang-dflash"
 DEFAULT_DRIVER_LIB = "/run/opengl-driver/lib"
 START_TIMEOUT_MARGIN_S = 300  # preflight + serve's own startTimeout handling, as a backstop
+CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+# A user or group name (or numeric id) systemd accepts; anything else is a typo or an injection.
+ACCOUNT_RE = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_.-]{0,31}|[0-9]+)$")
+
+
+class UnitError(ValueError):
+    """A value that cannot be written into a unit file safely; one line naming the option."""
 
 
 @dataclass(frozen=True)
@@ -54,13 +62,47 @@ def directive_lines(entries: list[dict[str, Any]]) -> list[str]:
     return [f"{e['key']}={v}" for e in entries for v in directive_value(e["value"])]
 
 
-def quote_exec_arg(arg: str) -> str:
-    """Quote one word for ExecStart= (systemd.service(5) "Command lines"): % and $ escaped."""
-    escaped = arg.replace("%", "%%").replace("$", "$$")
+def quote_exec_arg(arg: str, executable: bool = False) -> str:
+    """Quote one word for ExecStart= (systemd.service(5) "Command lines"): % and $ escaped.
+
+    systemd expands $VAR (and unescapes $$) in the arguments only, never in the executable
+    name, so there a $ stays as it is.
+    """
+    escaped = arg.replace("%", "%%")
+    if not executable:
+        escaped = escaped.replace("$", "$$")
     if escaped and not any(c in escaped for c in ' \t\n"\'\\;'):
         return escaped
     escaped = escaped.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
     return f'"{escaped}"'
+
+
+def exec_line(argv: list[str]) -> str:
+    """A whole ExecStart= value: the executable, then its arguments."""
+    return " ".join([quote_exec_arg(argv[0], executable=True),
+                     *(quote_exec_arg(a) for a in argv[1:])])
+
+
+def spec_escape(value: str) -> str:
+    """A literal for directives that expand systemd specifiers (%n, %S, ...): % becomes %%."""
+    return value.replace("%", "%%")
+
+
+def check_unit_values(cfg: InstanceConfig, config_path: str, opts: UnitOptions) -> None:
+    """Refuse what a unit line cannot hold: a newline would start a new directive."""
+    values = {"--config": config_path, "--package-path": opts.package_path,
+              "--driver-lib-dir": opts.driver_lib_dir,
+              "--environment-file": opts.environment_file, "apiKeyFile": cfg.api_key_file}
+    for name, value in values.items():
+        if value is not None and CONTROL_RE.search(value):
+            raise UnitError(f"{name}: must not contain control characters, got {value!r}")
+    if any(c in opts.package_path for c in "\"'\\"):
+        # systemd refuses such an executable name ("contains special characters")
+        raise UnitError(f"--package-path: systemd cannot run an executable whose path holds "
+                        f"a quote or backslash, got {opts.package_path!r}")
+    for name, value in (("--user", opts.user), ("--group", opts.group)):
+        if value is not None and not ACCOUNT_RE.match(value):
+            raise UnitError(f"{name}: {value!r} is not a user/group name or numeric id")
 
 
 def env_line(key: str, value: str) -> str:
@@ -74,7 +116,8 @@ def unit_name(cfg: InstanceConfig) -> str:
 
 
 def render_unit(cfg: InstanceConfig, config_path: str, opts: UnitOptions) -> str:
-    """The complete unit file text for one instance (pure)."""
+    """The complete unit file text for one instance (pure); UnitError for unsafe values."""
+    check_unit_values(cfg, config_path, opts)
     shared = load_hardening()
     exe = f"{opts.package_path.rstrip('/')}/bin/sglang-dflash"
     sub = f"sglang-dflash-{cfg.name}"  # one flat directory per instance, no shared parent
@@ -105,19 +148,19 @@ def render_unit(cfg: InstanceConfig, config_path: str, opts: UnitOptions) -> str
         "RuntimeDirectoryMode=0700",
         f"WorkingDirectory=%S/{sub}",
         env_line("HOME", f"%S/{sub}"),
-        env_line("LD_LIBRARY_PATH", opts.driver_lib_dir),
-        env_line("TRITON_LIBCUDA_PATH", opts.driver_lib_dir),
+        env_line("LD_LIBRARY_PATH", spec_escape(opts.driver_lib_dir)),
+        env_line("TRITON_LIBCUDA_PATH", spec_escape(opts.driver_lib_dir)),
         env_line("PYTHONUNBUFFERED", "1"),
     ]
     if opts.environment_file:
-        lines.append(f"EnvironmentFile={opts.environment_file}")
+        lines.append(f"EnvironmentFile={spec_escape(opts.environment_file)}")
     if cfg.api_key_file:
-        lines.append(f"LoadCredential=api-key:{cfg.api_key_file}")
+        lines.append(f"LoadCredential=api-key:{spec_escape(cfg.api_key_file)}")
     if cfg.preflight:  # the same preflight as the NixOS module's
         check = [exe, "check", "--offline", "--config", config_path]
-        lines.append("ExecStartPre=" + " ".join(quote_exec_arg(a) for a in check))
+        lines.append("ExecStartPre=" + exec_line(check))
     serve = [exe, "serve", "--config", config_path]
-    lines.append("ExecStart=" + " ".join(quote_exec_arg(a) for a in serve))
+    lines.append("ExecStart=" + exec_line(serve))
     lines += directive_lines(shared["hardening"])
     lines += ["", "[Install]", "WantedBy=multi-user.target", ""]
     return "\n".join(lines)
@@ -159,7 +202,10 @@ def run(args: argparse.Namespace) -> int:
         return _bad("--group needs --user (DynamicUser picks both)")
     opts = UnitOptions(args.package_path, args.driver_lib_dir, args.environment_file,
                        args.user, args.group)
-    text = render_unit(cfg, os.path.abspath(args.config), opts)
+    try:
+        text = render_unit(cfg, os.path.abspath(args.config), opts)
+    except UnitError as e:
+        return _bad(str(e))
     if not Path(opts.package_path, "bin", "sglang-dflash").exists():
         print(f"sglang-dflash unit: note: {opts.package_path}/bin/sglang-dflash does not exist "
               "on this machine yet", file=sys.stderr)
