@@ -279,8 +279,11 @@ def parse_config(raw: Any) -> InstanceConfig:
     return InstanceConfig(**values)
 
 
-def load_config(path: str | Path) -> InstanceConfig:
-    """Read and validate an instance config file; every failure is a one-line ConfigError."""
+def read_config_json(path: str | Path) -> Any:
+    """The config file's JSON, unvalidated; every read or parse failure is a one-line ConfigError.
+
+    Separate from `load_config` because the bench applies overrides to the raw document first.
+    """
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
@@ -288,11 +291,15 @@ def load_config(path: str | Path) -> InstanceConfig:
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: config is not UTF-8 text") from None
     try:
-        raw = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as e:
         where = f"line {e.lineno} column {e.colno}"
         raise ConfigError(f"{path}: not JSON: {e.msg} at {where}") from None
-    return parse_config(raw)
+
+
+def load_config(path: str | Path) -> InstanceConfig:
+    """Read and validate an instance config file; every failure is a one-line ConfigError."""
+    return parse_config(read_config_json(path))
 
 
 def render_argv(cfg: InstanceConfig) -> list[str]:

@@ -42,6 +42,7 @@ from sglang_dflash.bench.sweep import (
     parse_sweep,
 )
 from sglang_dflash.bench.workload import Prompt, WorkloadError, load_jsonl, synthetic, take
+from sglang_dflash.config import ConfigError, read_config_json
 
 PROG = "sglang-dflash bench"
 DEFAULT_SYNTHETIC_PROMPTS = 64
@@ -131,13 +132,9 @@ def read_key(path: str) -> str:
 
 def read_raw_config(path: str) -> dict[str, Any]:
     try:
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as e:
-        raise UsageError(f"{path}: cannot read config: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"{path}: config is not UTF-8 text") from None
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{path}: not JSON: {e.msg} at line {e.lineno}") from None
+        raw = read_config_json(path)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
     if not isinstance(raw, dict):
         raise UsageError(f"{path}: config must be a JSON object")
     return raw
