@@ -53,13 +53,13 @@ TARGET_CONFIG = {
     "tie_word_embeddings": False, "torch_dtype": "bfloat16", "attention_bias": False,
     "bos_token_id": 151643, "eos_token_id": 151645,
 }
+# The draft shares the target's shape (it uses the target's embedding and lm_head); it differs
+# in its architecture, one layer, and the DFlash fields.
 DRAFT_CONFIG = {
-    "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": 4096,
-    "intermediate_size": 12288, "num_hidden_layers": 1, "num_attention_heads": 32,
-    "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "hidden_act": "silu",
-    "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
-    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "attention_bias": False,
-    "layer_types": ["full_attention"], "block_size": 16, "num_target_layers": 36,
+    **{k: v for k, v in TARGET_CONFIG.items() if k not in ("bos_token_id", "eos_token_id")},
+    "architectures": ["DFlashDraftModel"], "num_hidden_layers": 1,
+    "layer_types": ["full_attention"], "block_size": 16,
+    "num_target_layers": TARGET_CONFIG["num_hidden_layers"],
     "dflash_config": {"mask_token_id": 151669, "target_layer_ids": [1, 17, 33]},
 }
 PROMPTS = [[100 + i, 2000 + 7 * i, 31 * i + 5, 4242, 17 + i] for i in range(4)]
