@@ -27,12 +27,19 @@ whether acceptance rises with the share of rank-0 plants; then a bench on the pl
 T = 0.8 / top_p = 0.95 (the call-14 stall), planted (after `serve:none`) or not, with
 `--sampling-backend pytorch` or, with `:flashinfer`, FlashInfer's; on a timeout it records
 running compilers, GPU utilisation and py-spy stacks, then whether a greedy request still works.
+
+Any server step takes `@<backend>` (`serve:none@triton plant:56@triton`): that step runs on that
+attention backend (target and draft), its files carry `-<backend>`, its plant comes from
+`serve:none@<backend>`, and `compare` checks each backend's modes among themselves.
+`--reuse <results.json>` takes the `serve:none` records of an earlier run on the same machine, so
+a later call can plant without starting `serve:none` again (greedy decoding is deterministic).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -87,6 +94,7 @@ PLANT_PROFILE = (-0.1, -4.0, -4.25, -4.5)
 ORACLE_EXACT_MARGIN = 1e-3
 # The continuation must cover every depth drafted in the last round of GEN_TOKENS.
 LONG_TOKENS = GEN_TOKENS + BLOCK + 1
+BACKENDS = ("flashinfer", "triton")
 STEP_MIN_S = 100  # a server step needs start (~60 s warm) + requests + stop
 BENCH_MIN_S = 45
 
@@ -200,6 +208,17 @@ class Opts:
     bench_concurrency: str
     bench_num_prompts: int
     clock: Clock
+    suffix: str = ""  # "@triton": this step's backend differs from --backend
+
+    @property
+    def tag(self) -> str:
+        """File-name tag of a step run with ``@backend`` (its logs, configs, profiles)."""
+        return self.suffix.replace("@", "-")
+
+    @property
+    def none_key(self) -> str:
+        """The ``serve:none`` step whose continuations this step's plant uses (same backend)."""
+        return "serve:none" + self.suffix
 
 
 def generate(url: str, ids: list[int], n: int) -> dict:
@@ -295,7 +314,7 @@ def step_serve(opts: Opts, mode: str) -> dict:
     parts = mode.split(":")
     algorithm = parts[1]
     budget = int(parts[2]) if len(parts) > 2 else None
-    name = "-".join(parts[1:])
+    name = "-".join(parts[1:]) + opts.tag
     cfg = instance_config(name, algorithm, budget, opts.models, [])
     cfg["attentionBackend"] = opts.backend
     if algorithm != "none":
@@ -410,12 +429,12 @@ def judge_plant(rows: list[dict]) -> dict:
 
 def step_plant(opts: Opts, step: str, serves: dict) -> dict:
     budget = int(step.split(":")[1])
-    none = serves.get("serve:none", {})
+    none = serves.get(opts.none_key, {})
     conts = none.get("continuations")
     if not conts:
-        return {"error": "plant needs `serve:none` earlier in the same run (its greedy "
-                         "continuations are the plant's ground truth)"}
-    name = f"plant-{budget}"
+        return {"error": f"plant needs `{opts.none_key}` earlier in the same run or in --reuse "
+                         "(its greedy continuations are the plant's ground truth)"}
+    name = f"plant-{budget}{opts.tag}"
     doc = plant_document(conts)
     plant_path = opts.out / f"{name}.json"
     plant_path.write_text(json.dumps(doc))
@@ -563,13 +582,13 @@ def step_sample(opts: Opts, step: str, serves: dict) -> dict:
     if flags - set(SAMPLE_FLAGS):
         return {"error": f"unknown sample flag(s) {sorted(flags - set(SAMPLE_FLAGS))}; "
                          f"known: {', '.join(SAMPLE_FLAGS)}"}
-    name = "-".join(["sample", str(budget), *[f for f in SAMPLE_FLAGS if f in flags]])
+    name = "-".join(["sample", str(budget), *[f for f in SAMPLE_FLAGS if f in flags]]) + opts.tag
     plant_path = None
     if "noplant" not in flags:
-        conts = serves.get("serve:none", {}).get("continuations")
+        conts = serves.get(opts.none_key, {}).get("continuations")
         if not conts:
-            return {"error": "sample without :noplant needs `serve:none` earlier in the same "
-                             "run (its continuations are the plant)"}
+            return {"error": f"sample without :noplant needs `{opts.none_key}` earlier in the "
+                             "same run or in --reuse (its continuations are the plant)"}
         plant_path = opts.out / f"{name}.json"
         plant_path.write_text(json.dumps(plant_document(conts)))
     cfg = instance_config(name, "ddtree", budget, opts.models, [])
@@ -603,7 +622,7 @@ def step_simacc(opts: Opts, step: str) -> dict:
     """Stock DFLASH with SGLANG_SIMULATE_ACC_LEN: the acceptance cross-check for the plant."""
     length = step.split(":")[1]
     float(length)  # a bad value is this step's error, before a server starts
-    name = f"simacc-{length}"
+    name = f"simacc-{length}{opts.tag}"
     cfg = instance_config(name, "dflash", None, opts.models, [])
     cfg |= {"attentionBackend": opts.backend, "draftAttentionBackend": opts.backend,
             "environment": {"SGLANG_SIMULATE_ACC_LEN": length}}
@@ -620,9 +639,8 @@ def step_simacc(opts: Opts, step: str) -> dict:
     return rec
 
 
-def compare(serves: dict) -> dict:
-    """Greedy outputs must be token-identical across every mode that produced them."""
-    got = {m: r["greedy"]["outputs"] for m, r in serves.items() if "greedy" in r}
+def compare_group(got: dict) -> dict:
+    """Greedy outputs must be token-identical across every mode of one attention backend."""
     if len(got) < 2:
         return {"compared": list(got), "identical": None}
     base_mode, base = next(iter(got.items()))
@@ -632,18 +650,47 @@ def compare(serves: dict) -> dict:
             "identical": all(not d for d in diffs.values()), "differing_prompts": diffs}
 
 
+def compare(serves: dict) -> dict:
+    """``compare_group`` for the --backend steps; other backends' groups under ``by_backend``.
+
+    Backends are compared only within themselves: FlashInfer and Triton attention round
+    differently in bf16, and with dummy weights a last-bit difference can flip an argmax.
+    """
+    groups: dict[str, dict] = {}
+    for m, r in serves.items():
+        if "greedy" in r:
+            groups.setdefault(m.partition("@")[2], {})[m] = r["greedy"]["outputs"]
+    res = compare_group(groups.pop("", {}))
+    if groups:
+        res["by_backend"] = {b: compare_group(g) for b, g in groups.items()}
+    return res
+
+
+def reused_serves(path: Path) -> dict:
+    """``serve:none`` records of an earlier run's results.json (plants need their continuations)."""
+    doc = json.loads(path.read_text())
+    out = {}
+    for m, r in doc.get("serve", {}).items():
+        if m.partition("@")[0] == "serve:none" and r.get("continuations"):
+            out[m] = r | {"reused_from": str(path)}
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--site", type=str, required=True,
                     help="the staged site dir (os.pathsep-separated entries allowed)")
     ap.add_argument("--models", type=Path, default=Path("/root/models"))
-    ap.add_argument("--backend", default="flashinfer", choices=["flashinfer", "triton"])
+    ap.add_argument("--backend", default="flashinfer", choices=BACKENDS)
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--bench-prompts", default="synthetic", choices=["synthetic", "planted"],
                     help="workload of serve/simacc benches (plant benches always use planted)")
     ap.add_argument("--bench-concurrency", default="1,8,32")
     ap.add_argument("--bench-num-prompts", type=int, default=32)
+    ap.add_argument("--reuse", type=Path, metavar="RESULTS_JSON",
+                    help="take serve:none records (continuations) from an earlier run's "
+                         "results.json on the same machine, instead of starting serve:none again")
     ap.add_argument("--time-budget-s", type=float, default=0,
                     help="skip steps/benches that cannot finish within this many seconds")
     ap.add_argument("steps", nargs="+")
@@ -658,28 +705,34 @@ def main() -> int:
                 bench_num_prompts=args.bench_num_prompts, clock=Clock(args.time_budget_s))
     results: dict = {"steps": args.steps, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                       time.gmtime())}
-    serves: dict = {}
+    serves: dict = reused_serves(args.reuse) if args.reuse else {}
     plants: dict = {}
     simaccs: dict = {}
     samples: dict = {}
     for step in args.steps:
         t0 = time.monotonic()
         left = opts.clock.left()
+        base, at, backend = step.partition("@")  # plant:56@triton: this step on Triton
+        sopts = dataclasses.replace(opts, backend=backend, suffix=at + backend) if at else opts
         try:
-            if left < STEP_MIN_S and step.split(":")[0] in ("serve", "plant", "simacc", "sample"):
+            if at and backend not in BACKENDS:
+                results[step] = {"error": f"unknown backend {backend!r}; known: "
+                                          f"{', '.join(BACKENDS)}"}
+            elif left < STEP_MIN_S and base.split(":")[0] in ("serve", "plant", "simacc",
+                                                               "sample"):
                 results[step] = {"skipped": f"time budget: {left:.0f}s left"}
             elif step == "check":
                 results["check"] = step_check(args.out, env)
             elif step == "break":
                 results["break"] = step_break(args.out, env, Path(site_entries[0]))
-            elif step.startswith("serve:"):
-                serves[step] = step_serve(opts, step)
-            elif step.startswith("plant:"):
-                plants[step] = step_plant(opts, step, serves)
-            elif step.startswith("simacc:"):
-                simaccs[step] = step_simacc(opts, step)
-            elif step.startswith("sample:"):
-                samples[step] = step_sample(opts, step, serves)
+            elif base.startswith("serve:"):
+                serves[step] = step_serve(sopts, base)
+            elif base.startswith("plant:"):
+                plants[step] = step_plant(sopts, base, serves)
+            elif base.startswith("simacc:"):
+                simaccs[step] = step_simacc(sopts, base)
+            elif base.startswith("sample:"):
+                samples[step] = step_sample(sopts, base, serves)
             else:
                 results[step] = {"error": f"unknown step {step!r}"}
         except Exception as exc:

@@ -119,3 +119,44 @@ def test_sample_steps_against_standin(tmp_path):
     assert fi["extraArgs"][:2] == ["--sampling-backend", "flashinfer"]
     assert "unknown sample flag" in samples["sample:16:bogus"]["error"]
     assert set(summary["errors"]) == {"sample:64", "sample:16:bogus"}
+
+
+def test_backend_suffix_and_reuse(tmp_path):
+    """`step@backend` runs that step on another attention backend; `--reuse` replants later."""
+    proc, res = _run(
+        tmp_path, "--no-bench", "serve:none", "serve:none@triton", "plant:16@triton",
+        "serve:ddtree:16@triton", "serve:ddtree:16", "plant:8@bogus",
+    )  # fmt: skip
+    out = tmp_path / "out"
+    cfg = json.loads((out / "config-none-triton.json").read_text())
+    assert cfg["attentionBackend"] == "triton"
+    cfg = json.loads((out / "config-plant-16-triton.json").read_text())
+    assert (cfg["attentionBackend"], cfg["draftAttentionBackend"]) == ("triton", "triton")
+    assert cfg["environment"]["SGLANG_DFLASH_DDTREE_PLANT"] == str(out / "plant-16-triton.json")
+    assert json.loads((out / "config-ddtree-16.json").read_text())["attentionBackend"] == (
+        "flashinfer")
+    assert res["plant"]["plant:16@triton"]["summary"]["all_identical"] is True
+    # each backend compared among itself
+    assert res["compare"]["compared"] == ["serve:none", "serve:ddtree:16"]
+    assert res["compare"]["by_backend"]["triton"]["compared"] == [
+        "serve:none@triton", "serve:ddtree:16@triton"]
+    assert res["compare"]["by_backend"]["triton"]["identical"] is True
+    assert "unknown backend 'bogus'" in res["plant:8@bogus"]["error"]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(summary["errors"]) == {"plant:8@bogus"}
+
+    # A later call replants from the first call's serve:none without starting it again.
+    first = out / "results.json"
+    out2 = tmp_path / "out2"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(out2), "--models", str(tmp_path / "models"),
+         "--site", SITE, "--no-bench", "--reuse", str(first), "plant:8", "plant:8@triton"],
+        capture_output=True, text=True, timeout=240,
+        env=dict(os.environ, STANDIN_TOKEN_DELAY="0"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res2 = json.loads((out2 / "results.json").read_text())
+    assert res2["serve"]["serve:none"]["reused_from"] == str(first)
+    for step in ("plant:8", "plant:8@triton"):
+        assert res2["plant"][step]["summary"]["all_identical"] is True, res2["plant"][step]
+    assert not (out2 / "serve-none.log").exists()  # no new serve:none start

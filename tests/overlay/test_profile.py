@@ -25,10 +25,10 @@ class ScriptedEvent:
 
 def test_summarize_groups_by_bs_with_mean_and_median():
     rounds = [
-        prof.RoundTimes(1, (1.0, 2.0, 3.0, 4.0)),
-        prof.RoundTimes(1, (3.0, 2.0, 5.0, 4.0)),
-        prof.RoundTimes(1, (8.0, 2.0, 4.0, 4.0)),
-        prof.RoundTimes(8, (10.0, 1.0, 1.0, 1.0)),
+        prof.RoundTimes(1, (1.0, 2.0, 0.5, 3.0, 4.0)),
+        prof.RoundTimes(1, (3.0, 2.0, 0.5, 5.0, 4.0)),
+        prof.RoundTimes(1, (8.0, 2.0, 0.5, 4.0, 4.0)),
+        prof.RoundTimes(8, (10.0, 1.0, 0.5, 1.0, 1.0)),
     ]
     recs = prof.summarize(rounds, window=3, extra={"budget": 16})
     assert [(r["bs"], r["rounds"], r["window"], r["budget"]) for r in recs] == [
@@ -38,13 +38,14 @@ def test_summarize_groups_by_bs_with_mean_and_median():
     ms = recs[0]["ms"]
     assert ms["draft"] == {"mean": 4.0, "p50": 3.0}
     assert ms["verify"] == {"mean": 4.0, "p50": 4.0}
-    assert ms["total"] == {"mean": 14.0, "p50": 14.0}  # totals 10, 14, 18
-    assert recs[1]["ms"]["total"]["mean"] == 13.0
+    assert ms["prep"] == {"mean": 0.5, "p50": 0.5}
+    assert ms["total"] == {"mean": 14.5, "p50": 14.5}  # totals 10.5, 14.5, 18.5
+    assert recs[1]["ms"]["total"]["mean"] == 13.5
 
 
 def test_ring_flushes_every_k_rounds_with_one_wait(tmp_path):
-    # Round r's marks at 100r + cumulative (1, 2, 3, 4): stages 1, 2, 3, 4 ms.
-    clock = [100.0 * r + c for r in range(5) for c in (0, 1, 3, 6, 10)]
+    # Round r's marks at 100r + cumulative (1, 2, 3, 4, 5): stages 1, 2, 3, 4, 5 ms.
+    clock = [100.0 * r + c for r in range(5) for c in (0, 1, 3, 6, 10, 15)]
     events: list[ScriptedEvent] = []
 
     def factory():
@@ -62,8 +63,8 @@ def test_ring_flushes_every_k_rounds_with_one_wait(tmp_path):
         (0, 1, 1), (0, 2, 1), (1, 1, 1), (1, 2, 1),
     ]  # fmt: skip
     for x in lines:
-        assert [x["ms"][s]["mean"] for s in prof.STAGES] == [1.0, 2.0, 3.0, 4.0]
-        assert x["ms"]["total"]["p50"] == 10.0
+        assert [x["ms"][s]["mean"] for s in prof.STAGES] == [1.0, 2.0, 3.0, 4.0, 5.0]
+        assert x["ms"]["total"]["p50"] == 15.0
     assert sum(e.synced for e in events) == 2  # one host wait per flush, none per round
     tail = p.flush()
     assert len(tail) == 1 and tail[0]["rounds"] == 1 and tail[0]["window"] == 2

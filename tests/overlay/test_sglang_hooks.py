@@ -59,6 +59,11 @@ def _python() -> Path:
 
 def _run_probe(py: Path, models: Path, budget: str | None) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in (BUDGET, "SGLANG_PLUGINS")}
+    # This checkout's code, whatever checkout the venv's editable install points at (the env
+    # is a shared cache; CI's clone re-points it). The venv's dist-info keeps the entry point.
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(HERE.parents[1] / "src"), *filter(None, [env.get("PYTHONPATH")])]
+    )
     if budget is not None:
         env[BUDGET] = budget
     proc = subprocess.run(

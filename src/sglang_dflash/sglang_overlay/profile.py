@@ -1,18 +1,20 @@
 """Per-round stage timing of the DDTree worker (issue 8), off unless an env var names a file.
 
 ``SGLANG_DFLASH_DDTREE_PROFILE=<path.jsonl>`` switches it on in the scheduler process. Each
-decode round records five events on the current stream (round start, after draft, after tree
-build, after target verify, after accept/commit) into a preallocated ring of ``every`` slots
-(``SGLANG_DFLASH_DDTREE_PROFILE_EVERY``, default 64). Only when the ring is full does the host
-wait, once, on the last event; it then reads all elapsed times and appends one JSON line per
-batch size seen in that window. No per-round host sync; when the variable is unset the worker
-holds ``None`` and pays one ``is not None`` test per mark.
+decode round records six events on the current stream (round start, after draft, after tree
+build, after verify preparation, after target verify, after accept/commit) into a preallocated
+ring of ``every`` slots (``SGLANG_DFLASH_DDTREE_PROFILE_EVERY``, default 64). Only when the
+ring is full does the host wait, once, on the last event; it then reads all elapsed times and
+appends one JSON line per batch size seen in that window. No per-round host sync; when the
+variable is unset the worker holds ``None`` and pays one ``is not None`` test per mark.
 
 What the numbers mean: GPU-stream time between marks. A stage whose host code syncs or launches
 slowly (the TEST-ONLY plant syncs in ``draft``) includes the stream's idle gap in that stage.
 
-Stages: ``draft`` = draft block forward + top-K head (+ plant); ``tree`` = build_tree, verify
-tensors (mask) and verify-batch preparation; ``verify`` = target TARGET_VERIFY forward and
+Stages: ``draft`` = draft block forward + top-K head (+ plant); ``tree`` = build_tree alone (the
+DDTree builder, the figure issue 5's "< 5% of a verify" is about); ``prep`` = verify cache
+slots, verify tensors (FULL_MASK) and the verify batch's attention metadata (DFLASH pays a
+linear-mask version of this too); ``verify`` = target TARGET_VERIFY forward and
 logits adjustments; ``commit`` = per-node choice, tree walk, KV move, drafter KV commit.
 """
 
@@ -29,7 +31,7 @@ from typing import Any
 
 PROFILE_ENV = "SGLANG_DFLASH_DDTREE_PROFILE"
 EVERY_ENV = "SGLANG_DFLASH_DDTREE_PROFILE_EVERY"
-STAGES = ("draft", "tree", "verify", "commit")
+STAGES = ("draft", "tree", "prep", "verify", "commit")
 MARKS = len(STAGES) + 1
 DEFAULT_EVERY = 64
 

@@ -400,6 +400,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
         # --- tree on the GPU, verify inputs, no host sync.
         tree = build_tree(logp, ids, block_ids[:, 0], prefix_lens, self.ddtree.budget)
+        if prof is not None:
+            prof.mark(2)
         verify_loc = assign_extend_cache_locs_func(
             req_pool_indices=batch.req_pool_indices,
             req_to_token=self.model_runner.req_to_token_pool.req_to_token,
@@ -437,7 +439,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         verify_fb, _ = verify_input.prepare_for_verify(batch, self._target_worker)
         batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu_backup, seq_lens_sum_backup
         if prof is not None:
-            prof.mark(2)
+            prof.mark(3)
         target_out = self._target_worker.forward_batch_generation(
             batch=None, forward_batch=verify_fb, is_verify=True, skip_attn_backend_init=True
         )
@@ -451,7 +453,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             )
 
         if prof is not None:
-            prof.mark(3)
+            prof.mark(4)
 
         # --- acceptance: the target's choice per node, then the greedy walk.
         logits = logits_output.next_token_logits
@@ -494,7 +496,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         )
         logits_output.hidden_states = None
         if prof is not None:
-            prof.mark(4)
+            prof.mark(5)
 
         return GenerationBatchResult(
             logits_output=logits_output,
