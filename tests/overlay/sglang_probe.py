@@ -192,6 +192,34 @@ def main(model: str, draft: str) -> dict:
             "mask": vi.custom_mask is not None,
         }
 
+    # --- FlashInfer workspace: SGLang's in-__init__ Qwen size is raised, then restored -----
+    from sglang.srt.environ import envs
+    from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
+
+    from sglang_dflash.sglang_overlay import hooks as dd_hooks
+
+    field = envs.SGLANG_FLASHINFER_WORKSPACE_SIZE
+
+    def sglang_like_init(self, model_runner):
+        field.set(512 * 1024 * 1024)  # what SGLang's __init__ does for Qwen targets
+        return field.get()  # what it then allocates
+
+    def workspace(need, is_draft=False):
+        dd_hooks.verify_workspace_need = lambda runner: need
+        runner = SimpleNamespace(is_draft_worker=is_draft)
+        seen = dd_hooks.flashinfer_workspace(sglang_like_init, None, runner)
+        return [seen, os.environ.get("SGLANG_FLASHINFER_WORKSPACE_SIZE")]
+
+    out["flashinfer_workspace"] = {
+        "wrapped": hasattr(FlashInferAttnBackend.__init__, "__wrapped__"),
+        "big": workspace(600 * 1024 * 1024),
+        "small": workspace(100 * 1024 * 1024),
+        "draft": workspace(600 * 1024 * 1024, is_draft=True),
+        "unknown": workspace(None),
+        "big_unset": with_env(None, lambda: workspace(600 * 1024 * 1024)),
+    }
+    os.environ.pop("SGLANG_FLASHINFER_WORKSPACE_SIZE", None)
+
     # --- request admission -------------------------------------------------------------------
     from sglang.srt.sampling.sampling_params import SamplingParams
 

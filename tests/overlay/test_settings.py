@@ -88,3 +88,44 @@ def test_explicit_matching_verify_width_is_fine():
 def test_hybrid_reason_names_the_arch():
     r = s.hybrid_target_reason(8, "Qwen3NextConfig")
     assert "Qwen3NextConfig" in r and "\n" not in r
+
+
+# ---- FlashInfer workspace for the tree verify ------------------------------------------------
+
+H200 = {"qo_heads": 32, "kv_heads": 8, "head_dim": 128, "num_sm": 132}  # Qwen3-8B shape
+
+
+def test_workspace_need_matches_flashinfers_own_number_on_the_h200():
+    # FlashInfer's error at N=256, bs=32 (H200, 2026-12-02, docs/gpu-runs/.../serve-ddtree-256):
+    # "batch_prefill_tmp_v with size 603979776"; tmp_s adds 1/128 of it.
+    need = s.flashinfer_verify_float_bytes(32, 257, **H200)
+    assert need == 603979776 + 603979776 // 128
+    assert need > 512 * s.MIB  # SGLang's fixed Qwen size: capture fails
+
+
+def test_workspace_need_of_the_widths_that_captured():
+    # N=56 and stock DFLASH (16) captured at bs=32 with SGLang's 512 MiB on the H200.
+    for width in (16, 57, 65):
+        assert s.flashinfer_verify_float_bytes(32, width, **H200) < 512 * s.MIB
+
+
+def test_workspace_need_grows_with_width_and_batch():
+    sizes = [s.flashinfer_verify_float_bytes(bs, w, **H200)
+             for bs, w in ((1, 17), (8, 65), (32, 65), (32, 257), (64, 257))]
+    assert sizes == sorted(sizes) and len(set(sizes[1:])) == 4
+    assert sizes[0] == sizes[1]  # both below the SM-derived split batch (33 here)
+    # small verifies are bounded by the SM-derived split batch, not by the rows
+    small = s.flashinfer_verify_float_bytes(1, 2, **H200)
+    assert small == 32 * 33 * 16 * 129 * 4  # padded batch 2*132//8 = 33, tile 16
+
+
+@pytest.mark.parametrize(
+    ("current", "need", "out"),
+    [
+        (512 << 20, 100 << 20, 512 << 20),  # enough: SGLang's size stands
+        (512 << 20, 512 << 20, 512 << 20),
+        (512 << 20, (580 << 20) + 5, (645 << 20)),  # need + 64 MiB, rounded up to a MiB
+    ],
+)
+def test_workspace_bytes(current, need, out):
+    assert s.flashinfer_workspace_bytes(current, need) == out

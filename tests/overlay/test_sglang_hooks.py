@@ -103,9 +103,9 @@ def _one_line_error(entry: dict, *needles: str) -> str:
     return err
 
 
-def test_entry_point_registers_six_around_hooks(probes):
+def test_entry_point_registers_seven_around_hooks(probes):
     on = probes["on"]
-    assert len(on["hooks"]) == 6
+    assert len(on["hooks"]) == 7
     assert on["patched"] == on["hooks"]
     assert all(on["wrapped"].values())
 
@@ -195,3 +195,16 @@ def test_grammar_requests_rejected_others_unchanged(probes):
     assert "json_schema" in v["json"]
     assert "return_logprob" in v["logprob"]  # stock check still runs first
     assert probes["off"]["validate"]["regex"] is None
+
+
+def test_flashinfer_workspace_raised_over_sglangs_qwen_size(probes):
+    """SGLang sets 512 MiB inside FlashInferAttnBackend.__init__; a wider need wins, then the
+    variable is restored. Stock DFlash, the draft worker and unknown needs are untouched."""
+    fw = probes["on"]["flashinfer_workspace"]
+    assert fw["wrapped"] is True
+    assert fw["big"] == [(600 + 64) << 20, None]  # need + 64 MiB headroom; env restored
+    assert fw["small"] == [512 << 20, None]  # SGLang's size stands
+    assert fw["draft"] == [512 << 20, str(512 << 20)]  # original ran untouched
+    assert fw["unknown"][0] == 512 << 20
+    assert fw["big_unset"][0] == 512 << 20  # switch unset: stock
+    assert probes["off"]["flashinfer_workspace"]["wrapped"] is False

@@ -11,6 +11,7 @@ DFlash (and every other algorithm) is untouched. Targets, all reached without ed
 | ``spec_info.create_dummy_verify_input`` | AROUND | warm-up inputs: widths, target mask |
 | ``DecodeCudaGraphRunner.get_spec_info`` | AROUND | target graphs captured with a mask |
 | ``dflash_utils.validate_dflash_request`` | AROUND | grammar requests rejected per request |
+| ``FlashInferAttnBackend.__init__`` | AROUND | workspace for the N+1-wide verify graphs |
 
 ``create_worker`` imports its worker lazily, so wrapping it (rather than a class REPLACE of
 ``DFlashWorkerV2``) keeps the heavy worker module out of the launcher/tokenizer processes.
@@ -37,6 +38,8 @@ TARGETS = {
     "graph_spec_info": "sglang.srt.model_executor.runner.decode_cuda_graph_runner."
     "DecodeCudaGraphRunner.get_spec_info",
     "validate_request": f"{SPEC}.dflash_utils.validate_dflash_request",
+    "flashinfer_workspace": "sglang.srt.layers.attention.flashinfer_backend."
+    "FlashInferAttnBackend.__init__",
 }
 
 
@@ -178,6 +181,70 @@ def validate_request(original, req, enable_overlap):
     return msg
 
 
+def verify_workspace_need(model_runner) -> int | None:
+    """Float workspace the target's largest CUDA-graph verify needs; None = no graphs/unknown."""
+    try:
+        import torch
+        from sglang.srt.runtime_context import get_exec, get_parallel, get_spec
+
+        sizes = list(get_exec().graph.cuda_graph_config.decode.bs or [])
+        width = int(get_spec().speculative_num_draft_tokens or 0)
+        if not sizes or width < 2 or not torch.cuda.is_available():
+            return None
+        tp = int(get_parallel().attn_tp_size)
+        cfg = model_runner.model_config
+        return settings.flashinfer_verify_float_bytes(
+            max(sizes),
+            width,
+            qo_heads=cfg.num_attention_heads // tp,
+            kv_heads=cfg.get_num_kv_heads(tp),
+            head_dim=int(cfg.head_dim),
+            num_sm=torch.cuda.get_device_properties(model_runner.device).multi_processor_count,
+        )
+    except Exception as exc:  # SGLang's own size then; capture names the shortfall if any
+        logger.warning("DDTree: FlashInfer workspace not sized for the tree verify (%s)", exc)
+        return None
+
+
+def flashinfer_workspace(original, self, model_runner, *args, **kwargs):
+    """The target's FlashInfer workspace, grown to what an N+1-wide verify graph needs.
+
+    SGLang sizes it from ``SGLANG_FLASHINFER_WORKSPACE_SIZE`` but, for Qwen targets, sets that
+    to 512 MiB inside this very ``__init__``, over any user value; at N=256, bs=32 the split-KV
+    buffers alone are 581 MiB and CUDA-graph capture fails. During the call, a set below the
+    need is raised to it; the variable is restored afterwards.
+    """
+    if not _active() or getattr(model_runner, "is_draft_worker", False):
+        return original(self, model_runner, *args, **kwargs)
+    need = verify_workspace_need(model_runner)
+    if need is None:
+        return original(self, model_runner, *args, **kwargs)
+    from sglang.srt.environ import envs
+
+    field = envs.SGLANG_FLASHINFER_WORKSPACE_SIZE
+    plain_set = type(field).set
+
+    def set_at_least(value):
+        plain_set(field, settings.flashinfer_workspace_bytes(int(value), need))
+
+    before = int(field.get())
+    with field.override(settings.flashinfer_workspace_bytes(before, need)):
+        field.set = set_at_least  # the instance attribute shadows EnvField.set for this call
+        try:
+            result = original(self, model_runner, *args, **kwargs)
+        finally:
+            del field.set
+        size = int(field.get())
+    if size > before:
+        logger.info(
+            "DDTree: FlashInfer workspace %d MiB (verify needs %d MiB; SGLang's was %d MiB).",
+            size >> 20,
+            need >> 20,
+            before >> 20,
+        )
+    return result
+
+
 HOOKS = {
     "handle_dflash": handle_dflash,
     "tokens_per_req": tokens_per_req,
@@ -185,6 +252,7 @@ HOOKS = {
     "dummy_verify": dummy_verify,
     "graph_spec_info": graph_spec_info,
     "validate_request": validate_request,
+    "flashinfer_workspace": flashinfer_workspace,
 }
 
 

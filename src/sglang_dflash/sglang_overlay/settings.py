@@ -143,3 +143,46 @@ def hybrid_target_reason(budget: int, model_arch: str) -> str:
         f"DDTree ({BUDGET_ENV}={budget}) does not support hybrid recurrent targets "
         f"(Mamba/GDN: {model_arch}); their state commit is linear-chain only"
     )
+
+
+# ---- FlashInfer workspace for wide tree verifies ---------------------------------------------
+
+MIB = 1 << 20
+
+
+def _fa2_cta_tile_q(packed_qo_len: int, head_dim: int) -> int:
+    """FlashInfer 0.6.15's ``FA2DetermineCtaTileQ`` (utils.cuh) on sm80+."""
+    if head_dim >= 512:
+        return 16 if packed_qo_len <= 32 else 32
+    if packed_qo_len > 64 and head_dim < 256:
+        return 128
+    return 64 if packed_qo_len > 16 else 16
+
+
+def flashinfer_verify_float_bytes(
+    bs: int, width: int, *, qo_heads: int, kv_heads: int, head_dim: int, num_sm: int
+) -> int:
+    """Float workspace FlashInfer's prefill plan takes for a CUDA-graph verify of bs x width.
+
+    Mirrors ``PrefillSplitQOKVIndptr``/``PrefillPlan`` (scheduler.cuh, flashinfer 0.6.15) with
+    split-KV on: ``tmp_v`` + ``tmp_s`` = qo_heads x padded_batch x cta_tile_q x (head_dim + 1)
+    floats, padded_batch = max(2 x SMs // kv_heads, tiles). A tree verify is wide (N+1 rows per
+    request), so at N=256 and bs=32 on an H200 this is 581 MiB: more than the 512 MiB SGLang
+    fixes for Qwen targets, and CUDA-graph capture fails (seen on the H200, 2026-12-02).
+    """
+    gqa = max(1, qo_heads // max(1, kv_heads))
+    rows = bs * width
+    cta = _fa2_cta_tile_q((rows - bs + 1) * gqa, head_dim)
+    tiles = -(-rows * gqa // cta) + bs - 1
+    padded = max((2 * num_sm) // max(1, kv_heads), tiles)
+    tmp_v = qo_heads * padded * cta * head_dim * 4
+    tmp_s = qo_heads * padded * cta * 4
+    return -(-tmp_v // 16) * 16 + -(-tmp_s // 16) * 16
+
+
+def flashinfer_workspace_bytes(current: int, need: int, headroom: int = 64 * MIB) -> int:
+    """The workspace to use: SGLang's own size unless the verify needs more (then need+headroom,
+    rounded up to a MiB)."""
+    if need <= current:
+        return current
+    return -(-(need + headroom) // MIB) * MIB
