@@ -165,6 +165,7 @@ COMPILE = textwrap.dedent("""
                            options={"num_warps": tt._num_warps(wp)})
         assert k.asm["cubin"], n
         print(n, "cubin", len(k.asm["cubin"]))
+    print("unspecialised", *[p.name for p in tt._ddtree_kernel.params if p.do_not_specialize])
 """)
 
 
@@ -176,4 +177,18 @@ def test_kernel_compiles_for_sm90():
     out = subprocess.run([sys.executable, "-c", COMPILE], capture_output=True, text=True,
                          env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert [line.split()[0] for line in out.stdout.splitlines()] == ["16", "64", "256"]
+    lines = out.stdout.splitlines()
+    assert [line.split()[0] for line in lines[:3]] == ["16", "64", "256"]
+    # bs x W and K would otherwise be specialised (== 1, % 16 == 0): a batch size with
+    # 16 | bs*(N+1) compiled a second variant mid-serving on the H200 (docs/gpu-results.md §8).
+    assert lines[3].split() == ["unspecialised", "plane", "K"]
+
+
+@pytest.mark.parametrize(("depth", "k", "budget"), [(15, 56, 56), (15, 100, 256), (1, 4, 3)])
+def test_warm_up_inputs_build_a_full_tree(depth, k, budget):
+    """The worker's start-up call: valid inputs whatever the budget, K and depth."""
+    logp, ids, root, seq = tree_mod.warm_up_inputs(depth, k, DEV)
+    got = tt.build_tree_triton(logp, ids, root, seq, budget)
+    ref = build_tree_torch(logp.cpu(), ids.cpu(), root.cpu(), seq.cpu(), budget)
+    assert_same_tree(ref, got)
+    assert int(got.num_nodes[0]) == budget + 1

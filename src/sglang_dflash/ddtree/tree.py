@@ -121,6 +121,15 @@ def build_tree(
     return build_tree_torch(logp, ids, root_tokens, seq_lens, budget)
 
 
+def warm_up_inputs(depth: int, k: int, device) -> tuple[torch.Tensor, ...]:
+    """Valid ``build_tree`` inputs for one request (logp, ids, root, seq_len): a start-up call
+    compiles the Triton kernel before the first decode round needs it."""
+    logp = -torch.arange(k, dtype=torch.float32, device=device).repeat(1, depth, 1)
+    ids = torch.arange(k, device=device).repeat(1, depth, 1)
+    one = torch.ones(1, dtype=torch.long, device=device)
+    return logp, ids, one, one
+
+
 def check_inputs(logp: torch.Tensor, ids: torch.Tensor, budget: int) -> tuple[int, int, int]:
     """Shared argument checks of both implementations; returns (bs, L, K)."""
     if logp.dim() != 3 or ids.shape != logp.shape:

@@ -34,7 +34,7 @@ _FIELDS = ("tokens", "parents", "depths", "ranks", "positions", "retrieve_index"
            "next_token", "next_sibling")
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["plane", "K"])
 def _ddtree_kernel(
     logp_ptr,  # [bs, L, K] float32, rows sorted descending
     ids_ptr,  # [bs, L, K] any int
@@ -45,8 +45,8 @@ def _ddtree_kernel(
     valid_ptr,  # [bs, W] bool
     vis_ptr,  # [bs, W, W] bool
     count_ptr,  # [bs] int64
-    plane,  # bs * W: stride between the int64 fields (never 1, so never specialised away)
-    K,
+    plane,  # bs * W: stride between the int64 fields; runtime ints are not specialised
+    K,  # (do_not_specialize): one compile per (L, N) serves every batch size
     L: tl.constexpr,  # L, N, W are compile-time: loop bounds; one compile per (L, N)
     N: tl.constexpr,
     W: tl.constexpr,  # N + 1

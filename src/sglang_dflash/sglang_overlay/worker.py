@@ -46,7 +46,7 @@ from sglang.srt.speculative.spec_utils import (
 )
 from sglang.srt.utils import is_cuda, is_hip
 
-from sglang_dflash.ddtree.tree import build_tree
+from sglang_dflash.ddtree.tree import build_tree, warm_up_inputs
 from sglang_dflash.sglang_overlay import plant as plant_mod
 from sglang_dflash.sglang_overlay import profile as profile_mod
 from sglang_dflash.sglang_overlay import settings
@@ -159,6 +159,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._topk_k = min(budget, vocab)
         self._plant = self._load_plant()
         self._prof = self._load_profiler(budget)
+        self._warm_up_tree()
         if SIMULATE_ACC_LEN > 0:
             logger.warning("SGLANG_SIMULATE_ACC_LEN is ignored in DDTree mode (chain-only).")
         if self.ps.tp_rank == 0:
@@ -171,6 +172,20 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             )
 
     # ---- setup ---------------------------------------------------------------------------
+
+    def _warm_up_tree(self):
+        """Build one dummy tree now, so the Triton builder compiles at start-up.
+
+        Uncompiled, the first decode round paid it (0.6-0.8 s on the H200, cold cache:
+        docs/gpu-results.md §8). One compile serves every batch size (the kernel does not
+        specialise on bs).
+        """
+        t0 = time.monotonic()
+        build_tree(*warm_up_inputs(self.ddtree.max_depth, self._topk_k, self.device),
+                   self.ddtree.budget)
+        if is_cuda():
+            torch.cuda.synchronize(self.device)
+        logger.info("DDTree tree builder ready in %.2f s.", time.monotonic() - t0)
 
     def _load_plant(self):
         path = os.environ.get(settings.PLANT_ENV, "").strip()
