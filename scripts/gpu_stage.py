@@ -15,6 +15,7 @@ the device one call at a time. Standard library only. See docs/gpu-staging.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import re
@@ -864,7 +865,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="where the site directory is assembled (default: a temp dir)",
     )
-    ap.add_argument("--part-mib", type=int, default=60)
+    ap.add_argument("--part-mib", type=int, default=None,
+                    help="part size; default: what fits beside the working tree in one call "
+                         "(64 MiB - tree - 2 MiB, at most 60)")
     ap.add_argument("--max-glibc", type=int, default=39, help="N of manylinux_2_N (host: 2.39)")
     ap.add_argument(
         "--keep",
@@ -947,6 +950,8 @@ def stage(args: argparse.Namespace) -> dict:
     if not lock.is_file():
         raise StageError(f"{lock}: no such file")
     packages = parse_lock(lock.read_text())
+    if args.part_mib is None:
+        args.part_mib = auto_part_mib(working_tree_bytes(args.repo))
     if not 1 <= args.part_mib <= 63:
         raise StageError(f"--part-mib {args.part_mib}: must be 1..63 (a call carries <= 64 MiB)")
     target = Target(max_glibc_minor=args.max_glibc)
@@ -1084,6 +1089,32 @@ def summary(m: dict) -> str:
         f"{m['seconds']['total']} s; patches: {len(m['patches_applied'])}"
     )
     return "\n".join(lines)
+
+
+def working_tree_bytes(repo: Path) -> int:
+    """Bytes of what a device call sends: tracked and untracked-not-ignored files."""
+    try:
+        out = subprocess.run(["git", "-C", str(repo), "ls-files", "-co", "--exclude-standard",
+                              "-z"], capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return 8 * MIB  # not a git checkout: assume a modest tree
+    total = 0
+    for name in filter(None, out.decode(errors="replace").split("\0")):
+        with contextlib.suppress(OSError):
+            total += (repo / name).stat().st_size
+    return total
+
+
+def auto_part_mib(tree_bytes: int) -> int:
+    """The largest part that still fits one call (64 MiB with the tree and 2 MiB to spare).
+
+    A fixed 60 MiB stopped fitting once committed GPU results grew the tree past 4 MiB
+    (2026-12-02: "the working tree is larger than 64 MiB")."""
+    room = (64 * MIB - tree_bytes) // MIB - 2
+    if room < 1:
+        raise StageError(f"the working tree is {tree_bytes / MIB:.1f} MiB: no room for a part "
+                         "in a 64 MiB call; move large untracked files out or ignore them")
+    return min(60, room)
 
 
 def main(argv: list[str] | None = None) -> int:

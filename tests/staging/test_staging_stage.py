@@ -358,3 +358,18 @@ def test_fetch_reuses_a_good_cache_entry_and_replaces_a_bad_one(tmp_path):
     with pytest.raises(gs.StageError, match="sha256"):
         gs.fetch(bad, cache)
     assert not any(cache.iterdir())  # nothing half-downloaded is left to be trusted later
+
+
+def test_part_size_fits_beside_the_working_tree(tmp_path):
+    stage = load_stage()
+    assert stage.auto_part_mib(1 * stage.MIB) == 60  # small tree: capped at 60
+    assert stage.auto_part_mib(6 * stage.MIB) == 56  # 64 - 6 - 2
+    with pytest.raises(stage.StageError, match="no room"):
+        stage.auto_part_mib(63 * stage.MIB)
+    # the tree is measured as a device call sends it: tracked + untracked, not ignored
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("big/\n")
+    (tmp_path / "a.txt").write_bytes(b"x" * 1000)
+    (tmp_path / "big").mkdir()
+    (tmp_path / "big" / "blob").write_bytes(b"x" * 100_000)
+    assert stage.working_tree_bytes(tmp_path) == 1000 + len("big/\n")
