@@ -1,0 +1,89 @@
+"""scripts/gpu_jit_cache.sh: JIT caches saved on one GPU lease and restored on the next."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+from .helpers import REPO
+
+SCRIPT = REPO / "scripts" / "gpu_jit_cache.sh"
+
+
+def run(home: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HOME=str(home))
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True,
+                          env=env, timeout=60)
+
+
+def fake_caches(home: Path) -> dict[str, bytes]:
+    files = {
+        ".cache/flashinfer/0.6.15.post1/90a/cached_ops/sampling/sampling.so": b"ELF" * 1000,
+        ".triton/cache/abc/kernel.cubin": b"cubin" * 100,
+    }
+    for rel, data in files.items():
+        (home / rel).parent.mkdir(parents=True, exist_ok=True)
+        (home / rel).write_bytes(data)
+    return files
+
+
+def test_save_then_restore_on_a_fresh_home(tmp_path):
+    old, new, out = tmp_path / "old", tmp_path / "new", tmp_path / "out"
+    for d in (old, new, out):
+        d.mkdir()
+    files = fake_caches(old)
+    r = run(old, "save", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "saved .cache/flashinfer .triton" in r.stdout  # tvm-ffi absent: skipped
+    r = run(new, "restore", str(out / "jit-cache.tgz"))
+    assert r.returncode == 0, r.stderr
+    for rel, data in files.items():
+        assert (new / rel).read_bytes() == data
+
+
+def test_failures_are_one_line_and_nonzero(tmp_path):
+    home, out = tmp_path / "home", tmp_path / "out"
+    home.mkdir()
+    out.mkdir()
+    r = run(home, "save", str(out))  # nothing to save
+    assert r.returncode == 1 and "nothing to save" in r.stderr and len(r.stderr.splitlines()) == 1
+    assert run(home, "frobnicate", "x").returncode == 2
+    assert run(home, "save").returncode == 2
+    assert run(home, "restore", str(out / "none.tgz")).returncode == 2
+
+    # too large to come back from a device call (incompressible 17 MiB)
+    big = home / ".cache" / "flashinfer" / "blob.so"
+    big.parent.mkdir(parents=True)
+    big.write_bytes(os.urandom(17 * 1024 * 1024))
+    r = run(home, "save", str(out))
+    assert r.returncode == 1 and "over the 16 MiB" in r.stderr
+    assert not (out / "jit-cache.tgz").exists()
+    big.unlink()
+
+    fake_caches(home)
+    assert run(home, "save", str(out)).returncode == 0
+    tgz = out / "jit-cache.tgz"
+    data = bytearray(tgz.read_bytes())
+    data[-1] ^= 0xFF  # damaged in transit
+    tgz.write_bytes(bytes(data))
+    r = run(tmp_path / "fresh", "restore", str(tgz))
+    assert r.returncode == 1 and "does not match" in r.stderr
+
+
+def test_restore_refuses_entries_outside_the_caches(tmp_path):
+    evil_src = tmp_path / "src"
+    (evil_src / ".ssh").mkdir(parents=True)
+    (evil_src / ".ssh" / "authorized_keys").write_text("x")
+    tgz = tmp_path / "jit-cache.tgz"
+    with tarfile.open(tgz, "w:gz") as tf:
+        tf.add(evil_src / ".ssh", arcname=".ssh")
+    (tmp_path / "jit-cache.tgz.sha256").write_text(
+        hashlib.sha256(tgz.read_bytes()).hexdigest() + "  jit-cache.tgz\n")
+    home = tmp_path / "home"
+    home.mkdir()
+    r = run(home, "restore", str(tgz))
+    assert r.returncode == 1 and "not a JIT cache" in r.stderr
+    assert not (home / ".ssh").exists()
