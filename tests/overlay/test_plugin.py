@@ -36,11 +36,11 @@ def test_set_switch_needs_sglang(monkeypatch):
         plugin.register()
 
 
-def test_hook_table_registers_six_around_hooks():
+def test_hook_table_registers_seven_around_hooks():
     reg = _Registry()
     hook_type = SimpleNamespace(AROUND="around")
     targets = hooks.register_all(reg, hook_type)
-    assert len(targets) == len(set(targets)) == 6
+    assert len(targets) == len(set(targets)) == 7
     assert all(t.startswith("sglang.srt.") for t in targets)
     assert [c[0] for c in reg.calls] == targets
     assert {c[2] for c in reg.calls} == {"around"}
@@ -59,6 +59,9 @@ def test_hooks_pass_through_when_unset(monkeypatch):
     assert hooks.validate_request(original, "REQ", True) == "stock"
     assert hooks.create_worker(original, SimpleNamespace(is_dflash=lambda: True), "SA") == "stock"
     assert seen == [("ARGS",), ("REQ", True), (seen[2][0], "SA")]
+    # the workspace hook never touches SGLang's env or imports it when the switch is unset
+    assert hooks.flashinfer_workspace(original, "BACKEND", "RUNNER") == "stock"
+    assert seen[-1] == ("BACKEND", "RUNNER")
 
 
 @pytest.mark.parametrize(
