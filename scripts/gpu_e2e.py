@@ -23,6 +23,9 @@ spec_verify_ct / spec_accept_length against the CPU oracle (plant_oracle.expecte
 whether acceptance rises with the share of rank-0 plants; then a bench on the planted prompts.
 `simacc:<len>`: stock DFLASH with SGLANG_SIMULATE_ACC_LEN=<len> (outputs are the fixed token
 100 by SGLang's design, so they are not compared; acceptance and throughput are the point).
+`seeded:<budget>`: T > 0 as token identity: `--enable-deterministic-inference`, seeded requests
+(T = 0.8, top_p = 0.95, sampling_seed per prompt) on a no-speculation server, then on a DDTree
+server planted with those seeded outputs; outputs must be identical (two server starts).
 `sample:<budget>[:noplant][:flashinfer]`: a fresh DDTree server whose FIRST requests are
 T = 0.8 / top_p = 0.95 (the call-14 stall), planted (after `serve:none`) or not, with
 `--sampling-backend pytorch` or, with `:flashinfer`, FlashInfer's; on a timeout it records
@@ -639,6 +642,64 @@ def step_simacc(opts: Opts, step: str) -> dict:
     return rec
 
 
+# ---- seeded:<budget> ------------------------------------------------------------------------
+
+
+def seeded_params(i: int, n: int) -> dict:
+    return {"temperature": 0.8, "top_p": 0.95, "sampling_seed": 1000 + i, "max_new_tokens": n,
+            "ignore_eos": True}
+
+
+def step_seeded(opts: Opts, step: str) -> dict:
+    """T > 0 losslessness as token identity: seeded sampling under
+    ``--enable-deterministic-inference``, no speculation vs DDTree planted with the no-spec run's
+    own seeded outputs (so drafts are accepted). Each committed DDTree token is drawn with
+    SGLang's seeded sampler keyed by (seed, position), so outputs must match token for token
+    (up to last-bit logit differences between a 1-row decode and an N+1-row verify)."""
+    budget = int(step.split(":")[1])
+    det = ["--enable-deterministic-inference"]
+    rec: dict = {"mode": step}
+    cfg = instance_config(f"seeded-none{opts.tag}", "none", None, opts.models, det)
+    cfg["attentionBackend"] = opts.backend
+    outs: list[list[int]] = []
+    greedy: list[list[int]] = []
+    with running_server(opts, cfg, f"seeded-none{opts.tag}") as (url, r0):
+        if r0["ready_seconds"]:
+            outs = [http_json(url + "/generate", {"input_ids": ids,
+                                                  "sampling_params": seeded_params(i, LONG_TOKENS)}
+                              )["output_ids"] for i, ids in enumerate(PLANT_PROMPTS)]
+            greedy = [generate(url, ids, GEN_TOKENS)["output_ids"] for ids in PLANT_PROMPTS]
+    rec["none"] = r0 | {"outputs": outs, "greedy": greedy}
+    if len(outs) != len(PLANT_PROMPTS):
+        rec["error"] = "the no-speculation seeded run gave no outputs"
+        return rec
+    name = f"seeded-{budget}{opts.tag}"
+    plant_path = opts.out / f"{name}.json"
+    plant_path.write_text(json.dumps(plant_document(outs)))
+    cfg = instance_config(name, "ddtree", budget, opts.models, det)
+    cfg |= {"attentionBackend": opts.backend, "draftAttentionBackend": opts.backend,
+            "environment": ddtree_environment(opts, name, plant_path)}
+    rows = []
+    with running_server(opts, cfg, name) as (url, r1):
+        if r1["ready_seconds"]:
+            for i, ids in enumerate(PLANT_PROMPTS):
+                r = http_json(url + "/generate", {"input_ids": ids,
+                                                  "sampling_params": seeded_params(i, GEN_TOKENS)})
+                out, ref = r["output_ids"], outs[i][:GEN_TOKENS]
+                rows.append({"identical": out == ref, "first_diff": first_diff(out, ref),
+                             "accept_length": r.get("meta_info", {}).get("spec_accept_length"),
+                             "output": out, "reference": ref})
+    rec["ddtree"] = r1 | {"rows": rows}
+    rec["summary"] = {
+        "all_identical": bool(rows) and all(r["identical"] for r in rows),
+        "identical": [r["identical"] for r in rows],
+        "accept_length": [r["accept_length"] for r in rows],
+        # the seeded outputs are not the greedy ones: T > 0 really sampled
+        "sampled": any(o[:GEN_TOKENS] != g for o, g in zip(outs, greedy, strict=True)),
+    }
+    return rec
+
+
 def compare_group(got: dict) -> dict:
     """Greedy outputs must be token-identical across every mode of one attention backend."""
     if len(got) < 2:
@@ -709,6 +770,7 @@ def main() -> int:
     plants: dict = {}
     simaccs: dict = {}
     samples: dict = {}
+    seededs: dict = {}
     for step in args.steps:
         t0 = time.monotonic()
         left = opts.clock.left()
@@ -719,7 +781,7 @@ def main() -> int:
                 results[step] = {"error": f"unknown backend {backend!r}; known: "
                                           f"{', '.join(BACKENDS)}"}
             elif left < STEP_MIN_S and base.split(":")[0] in ("serve", "plant", "simacc",
-                                                               "sample"):
+                                                               "sample", "seeded"):
                 results[step] = {"skipped": f"time budget: {left:.0f}s left"}
             elif step == "check":
                 results["check"] = step_check(args.out, env)
@@ -733,6 +795,8 @@ def main() -> int:
                 simaccs[step] = step_simacc(sopts, base)
             elif base.startswith("sample:"):
                 samples[step] = step_sample(sopts, base, serves)
+            elif base.startswith("seeded:"):
+                seededs[step] = step_seeded(sopts, base)
             else:
                 results[step] = {"error": f"unknown step {step!r}"}
         except Exception as exc:
@@ -742,6 +806,7 @@ def main() -> int:
         results["plant"] = plants
         results["simacc"] = simaccs
         results["sample"] = samples
+        results["seeded"] = seededs
         results["compare"] = compare(serves)
         results["elapsed_s"] = round(time.monotonic() - opts.clock.t0, 1)
         # Written after every step: a call cut off at its time limit still returns the rest.
@@ -753,9 +818,10 @@ def main() -> int:
         "plant": {m: r.get("summary", r.get("error")) for m, r in plants.items()},
         "simacc": {m: r.get("accept_lengths", r.get("error")) for m, r in simaccs.items()},
         "sample": {m: r.get("sampling_smoke", r.get("error")) for m, r in samples.items()},
+        "seeded": {m: r.get("summary", r.get("error")) for m, r in seededs.items()},
         "errors": {k: v["error"]
                    for k, v in {**results, **serves, **plants, **simaccs,
-                                **samples}.items()
+                                **samples, **seededs}.items()
                    if isinstance(v, dict) and "error" in v},
         "elapsed_s": results.get("elapsed_s"),
     }))

@@ -170,7 +170,15 @@ def main(model: str, draft: str) -> dict:
     if out["hooks"]:
         from sglang_dflash.ddtree.tree import build_tree
         from sglang_dflash.sglang_overlay.verify import build_verify_tensors
-        from sglang_dflash.sglang_overlay.worker import DDTreeVerifyInput
+        from sglang_dflash.sglang_overlay.worker import DDTreeVerifyInput, seeded_sampling
+
+        def info(seed, min_p):
+            return SimpleNamespace(sampling_seed=seed, need_min_p_sampling=min_p)
+
+        out["seeded_switch"] = [seeded_sampling(info(torch.tensor([1]), False)),
+                                seeded_sampling(info(None, False)),
+                                seeded_sampling(info(torch.tensor([1]), True)),
+                                seeded_sampling(SimpleNamespace(need_min_p_sampling=False))]
 
         logp = torch.log_softmax(torch.randn(1, 4, 8), -1).sort(-1, descending=True).values
         ids = torch.arange(8).repeat(1, 4, 1)

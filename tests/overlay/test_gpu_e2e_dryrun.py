@@ -160,3 +160,22 @@ def test_backend_suffix_and_reuse(tmp_path):
     for step in ("plant:8", "plant:8@triton"):
         assert res2["plant"][step]["summary"]["all_identical"] is True, res2["plant"][step]
     assert not (out2 / "serve-none.log").exists()  # no new serve:none start
+
+
+def test_seeded_step_against_standin(tmp_path):
+    """`seeded:<N>`: two deterministic-inference servers, the DDTree one planted with the
+    no-spec run's seeded outputs; flow and JSON shape only (the stand-in ignores seeds)."""
+    proc, res = _run(tmp_path, "--no-bench", "seeded:16", "seeded:x")
+    out = tmp_path / "out"
+    rec = res["seeded"]["seeded:16"]
+    for name in ("config-seeded-none.json", "config-seeded-16.json"):
+        cfg = json.loads((out / name).read_text())
+        assert "--enable-deterministic-inference" in cfg["extraArgs"], cfg
+    ddcfg = json.loads((out / "config-seeded-16.json").read_text())
+    assert ddcfg["environment"]["SGLANG_DFLASH_DDTREE_PLANT"] == str(out / "seeded-16.json")
+    assert len(rec["none"]["outputs"]) == 6 and len(rec["none"]["greedy"]) == 6
+    assert len(rec["ddtree"]["rows"]) == 6
+    assert rec["summary"]["all_identical"] is True, rec["summary"]
+    assert isinstance(rec["summary"]["sampled"], bool)
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "seeded:x" in summary["errors"]

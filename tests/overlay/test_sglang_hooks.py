@@ -208,3 +208,28 @@ def test_flashinfer_workspace_raised_over_sglangs_qwen_size(probes):
     assert fw["unknown"][0] == 512 << 20
     assert fw["big_unset"][0] == 512 << 20  # switch unset: stock
     assert probes["off"]["flashinfer_workspace"]["wrapped"] is False
+
+
+def test_seeded_node_draws_equal_sglangs_deterministic_sampler():
+    """Row by row, DDTree's seeded per-node draw (with SGLang's multinomial_with_seed) is the
+    token SGLang's own sampler draws for the same logits, temperature, top-k/top-p, seed and
+    position: what makes seeded T > 0 output identical to non-speculative decoding. SGLang's
+    murmur hash is a Triton kernel: the probe runs it under the Triton interpreter (and without
+    dynamo, which cannot trace the interpreter)."""
+    py = _python()
+    env = dict(os.environ, TRITON_INTERPRET="1", TORCHDYNAMO_DISABLE="1")  # sampler is compiled
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(HERE.parents[1] / "src"), *filter(None, [env.get("PYTHONPATH")])]
+    )
+    proc = subprocess.run([str(py), str(HERE / "sglang_seeded_probe.py")], capture_output=True,
+                          text=True, timeout=240, env=env)  # fmt: skip
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE-JSON ")]
+    assert lines, f"probe printed no result (rc={proc.returncode}): {proc.stderr[-2000:]}"
+    seeded = json.loads(lines[-1][len("PROBE-JSON ") :])
+    assert seeded["simple_equal"] is True and seeded["filtered_equal"] is True
+    assert seeded["distinct_draws"] > 3 and seeded["other_seed_differs"] is True
+
+
+def test_worker_takes_the_seeded_path_only_with_seeds_and_without_min_p(probes):
+    # seed, no seed, seed + min-p (SGLang's sampler refuses that), a batch info without the field
+    assert probes["on"]["seeded_switch"] == [True, False, False, False]

@@ -180,6 +180,56 @@ def per_node_targets(
     return draw_rows(probs, logits, generator).view(bs, width)
 
 
+SeededSampler = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def seeded_node_targets(
+    logits: torch.Tensor,
+    width: int,
+    temperatures: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    seeded: SeededSampler,
+    top_ks: torch.Tensor | None = None,
+    top_ps: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Per-node draws keyed by (request seed, node position), as SGLang's deterministic sampler
+    draws the token after the same position, ``[bs, W]``.
+
+    ``seeded`` is SGLang's ``multinomial_with_seed(logprobs, seeds, positions)`` (the worker
+    passes it in; one hash, SGLang's). The float steps mirror ``Sampler`` under
+    ``--enable-deterministic-inference``: softmax of ``logits / T``; without top-k/top-p the
+    log of those probabilities over token ids (``sampling_from_probs_torch``); with them the
+    float64 log of the sorted, truncated probabilities over ranks
+    (``top_k_top_p_min_p_sampling_from_probs_torch``). A node's draw depends only on its
+    prefix's logits, the seed and its position, so the committed tokens are the ones
+    non-speculative seeded decoding produces (up to last-bit differences in the logits), and
+    each is an exact sample, as with ``per_node_targets``. Min-p with a seed is refused by
+    SGLang's own sampler; the worker does not come here for it.
+    """
+    rows, vocab = logits.shape
+    bs = rows // width
+
+    def per_row(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(bs).to(logits.device).repeat_interleave(width)
+
+    temp = per_row(temperatures).float().view(rows, 1)
+    probs = torch.softmax(logits.float() / temp, dim=-1)
+    seed_rows = per_row(seeds)
+    pos = positions.reshape(rows).to(logits.device)
+    if top_ks is None and top_ps is None:
+        return seeded(torch.log(probs), seed_rows, pos).view(bs, width)
+    probs_sort, probs_idx = probs.sort(dim=-1, descending=True)
+    cum = torch.cumsum(probs_sort, dim=-1)
+    if top_ks is not None:
+        ranks = torch.arange(vocab, device=logits.device).view(1, -1)
+        probs_sort[ranks >= per_row(top_ks).view(rows, 1)] = 0.0
+    if top_ps is not None:
+        probs_sort[(cum - probs_sort) > per_row(top_ps).view(rows, 1)] = 0.0
+    rank = seeded(probs_sort.to(torch.float64).log(), seed_rows, pos)
+    return torch.gather(probs_idx, 1, rank.view(rows, 1)).view(bs, width)
+
+
 def draw_rows(
     probs: torch.Tensor, logits: torch.Tensor, generator: torch.Generator | None = None
 ) -> torch.Tensor:

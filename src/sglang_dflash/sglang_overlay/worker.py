@@ -24,6 +24,7 @@ from sglang.kernels.ops.speculative.dflash import _prepare_dflash_draft_block_un
 from sglang.srt.configs.hybrid_arch import mambaish_config
 from sglang.srt.distributed import get_tp_group
 from sglang.srt.environ import envs
+from sglang.srt.layers.sampler import multinomial_with_seed
 from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import (
     CaptureHiddenMode,
@@ -56,6 +57,7 @@ from sglang_dflash.sglang_overlay.verify import (
     gather_accepted_rows,
     greedy_accept,
     per_node_targets,
+    seeded_node_targets,
     use_fused_renorm,
     warm_up_renorm,
 )
@@ -97,6 +99,17 @@ def _tree_kernel():
 
         return verify_tree_greedy_func
     return None
+
+
+def seeded_sampling(sampling_info) -> bool:
+    """Per-request seeds are set (SGLang does so under --enable-deterministic-inference).
+
+    Min-p with a seed is refused by SGLang's own sampler (an assertion); DDTree then draws
+    unseeded, as it does without a seed."""
+    return (
+        getattr(sampling_info, "sampling_seed", None) is not None
+        and not sampling_info.need_min_p_sampling
+    )
 
 
 class DDTreeVerifyInput(DFlashVerifyInput):
@@ -474,6 +487,18 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         logits = logits_output.next_token_logits
         if sampling_info is None or sampling_info.is_all_greedy:
             choice = torch.argmax(logits, dim=-1).view(bs, width)
+        elif seeded_sampling(sampling_info):
+            filtered = sampling_info.need_top_k_sampling or sampling_info.need_top_p_sampling
+            choice = seeded_node_targets(
+                logits,
+                width,
+                sampling_info.temperatures,
+                sampling_info.sampling_seed,
+                vt.positions,
+                multinomial_with_seed,
+                top_ks=sampling_info.top_ks if filtered else None,
+                top_ps=sampling_info.top_ps if filtered else None,
+            )
         else:
             choice = per_node_targets(
                 logits,
