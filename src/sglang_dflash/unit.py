@@ -88,6 +88,40 @@ def spec_escape(value: str) -> str:
     return value.replace("%", "%%")
 
 
+# What the sandbox hides from the service, by the directive that hides it (when it is on).
+HIDDEN_BY = {
+    "PrivateTmp": ("/tmp", "/var/tmp"),
+    "ProtectHome": ("/home", "/root", "/run/user"),
+}
+
+
+def sandbox_hidden(path: str, hardening: dict[str, Any]) -> str | None:
+    """The directive under which ``path`` is invisible (or empty) to the service, or None."""
+    on = {e["key"] for e in hardening["hardening"] if e["value"] is True}
+    norm = os.path.normpath(path)
+    for key, roots in HIDDEN_BY.items():
+        if key in on and any(norm == r or norm.startswith(r + "/") for r in roots):
+            return key
+    return None
+
+
+def check_sandbox_paths(cfg: InstanceConfig, config_path: str, opts: UnitOptions) -> None:
+    """Refuse files the service must read that its own sandbox hides: such a unit can never
+    start (seen under a real systemd: a config in /tmp is not there for a PrivateTmp service).
+    EnvironmentFile= is read by systemd itself, before the sandbox, so it may live anywhere."""
+    hardening = load_hardening()
+    paths = {"--config": config_path, "--package-path": opts.package_path,
+             "--driver-lib-dir": opts.driver_lib_dir, "apiKeyFile": cfg.api_key_file,
+             "model": cfg.model, "draftModel": cfg.draft_model, "cacheDir": cfg.cache_dir}
+    for name, value in paths.items():
+        if value is None or not value.startswith("/"):
+            continue  # unset, or a Hugging Face id
+        key = sandbox_hidden(value, hardening)
+        if key is not None:
+            raise UnitError(f"{name}: {value} is hidden from the service by {key}=true; move it "
+                            "(e.g. under /srv or /var/lib) or the unit can never start")
+
+
 def check_unit_values(cfg: InstanceConfig, config_path: str, opts: UnitOptions) -> None:
     """Refuse what a unit line cannot hold: a newline would start a new directive."""
     values = {"--config": config_path, "--package-path": opts.package_path,
@@ -118,6 +152,7 @@ def unit_name(cfg: InstanceConfig) -> str:
 def render_unit(cfg: InstanceConfig, config_path: str, opts: UnitOptions) -> str:
     """The complete unit file text for one instance (pure); UnitError for unsafe values."""
     check_unit_values(cfg, config_path, opts)
+    check_sandbox_paths(cfg, config_path, opts)
     shared = load_hardening()
     exe = f"{opts.package_path.rstrip('/')}/bin/sglang-dflash"
     sub = f"sglang-dflash-{cfg.name}"  # one flat directory per instance, no shared parent

@@ -1,7 +1,8 @@
 """The key file serve writes is read back by SGLang 0.5.17's own --config merger.
 
 Loads `sglang/srt/server_args_config_parser.py` (stdlib + PyYAML only) from an unpacked
-SGLang 0.5.17 wheel: $SGLANG_DFLASH_SGLANG_DIR, default /tmp/sgl/sglang. Skips otherwise.
+SGLang 0.5.17 wheel: $SGLANG_DFLASH_SGLANG_DIR, else the SGLang CPU env CI builds
+($SGLANG_DFLASH_SGLANG_SITE, tests/overlay/install_sglang_cpu.sh). Skips otherwise.
 """
 
 from __future__ import annotations
@@ -15,13 +16,24 @@ import pytest
 
 from sglang_dflash.serve import write_key_config
 
-SGLANG_DIR = Path(os.environ.get("SGLANG_DFLASH_SGLANG_DIR", "/tmp/sgl/sglang"))
+
+def _sglang_dir() -> Path:
+    explicit = os.environ.get("SGLANG_DFLASH_SGLANG_DIR")
+    if explicit:
+        return Path(explicit)
+    venv = os.environ.get("SGLANG_DFLASH_SGLANG_SITE", "").strip()
+    found = sorted(Path(venv).glob("lib/python3*/site-packages/sglang")) if venv else []
+    return found[0] if found else Path("/tmp/sgl/sglang")
+
+
+SGLANG_DIR = _sglang_dir()
 PARSER_FILE = SGLANG_DIR / "srt" / "server_args_config_parser.py"
 
 
 def load_merger():
     if not PARSER_FILE.is_file():
-        pytest.skip(f"no unpacked SGLang at {SGLANG_DIR} (set SGLANG_DFLASH_SGLANG_DIR)")
+        pytest.skip(f"no unpacked SGLang at {SGLANG_DIR} (set SGLANG_DFLASH_SGLANG_DIR or "
+                    "SGLANG_DFLASH_SGLANG_SITE)")
     pytest.importorskip("yaml", reason="SGLang's --config reader needs PyYAML")
     spec = importlib.util.spec_from_file_location("sglang_config_parser_under_test", PARSER_FILE)
     module = importlib.util.module_from_spec(spec)

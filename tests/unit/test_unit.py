@@ -112,8 +112,8 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=30)
 
 
-def test_cli_writes_the_unit_and_refuses_bad_flags(tmp_path):
-    config = tmp_path / "qwen.json"
+def test_cli_writes_the_unit_and_refuses_bad_flags(visible_tmp, tmp_path):
+    config = visible_tmp / "qwen.json"
     config.write_text(json.dumps(BASE))
     out = tmp_path / "sglang-dflash-qwen.service"
     r = run_cli("--config", str(config), "--output", str(out))
@@ -144,12 +144,12 @@ def test_systemd_analyze_exposure_within_target(tmp_path, variant):
     assert score <= EXPOSURE_TARGET, f"exposure {score} > {EXPOSURE_TARGET}"
 
 
-def test_systemd_analyze_verify_accepts_the_unit(tmp_path):
+def test_systemd_analyze_verify_accepts_the_unit(tmp_path, visible_tmp):
     """systemd's own parser: only the keys newer than this systemd may be reported."""
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
         pytest.skip("systemd-analyze is not installed (apt-get install systemd)")
-    prefix = tmp_path / "prefix"
+    prefix = visible_tmp / "prefix"
     (prefix / "bin").mkdir(parents=True)
     exe = prefix / "bin" / "sglang-dflash"
     exe.write_text("#!/bin/sh\n")
@@ -164,3 +164,35 @@ def test_systemd_analyze_verify_accepts_the_unit(tmp_path):
     problems = [ln for ln in (r.stdout + r.stderr).splitlines()
                 if ln.strip() and not any(f"Unknown key '{k}'" in ln for k in newer)]
     assert problems == []
+
+
+@pytest.mark.parametrize(
+    ("where", "raw", "flags", "directive"),
+    [
+        ("config", {}, (), "PrivateTmp"),  # the config itself in pytest's /tmp
+        ("visible", {"model": "/home/me/models/qwen"}, (), "ProtectHome"),
+        ("visible", {"draftModel": "/var/tmp/draft"}, (), "PrivateTmp"),
+        ("visible", {"apiKeyFile": "/root/key"}, (), "ProtectHome"),
+        ("visible", {"cacheDir": "/tmp/hf"}, (), "PrivateTmp"),
+        ("visible", {}, ("--package-path", "/tmp/prefix"), "PrivateTmp"),
+        ("visible", {}, ("--driver-lib-dir", "/home/nv"), "ProtectHome"),
+    ],
+)
+def test_cli_refuses_paths_the_sandbox_hides(tmp_path, visible_tmp, where, raw, flags, directive):
+    """Found under a real systemd (tests/unit/test_systemd_boot.py): a unit whose config or
+    program sits in /tmp can never start, because PrivateTmp gives the service an empty /tmp."""
+    base = tmp_path if where == "config" else visible_tmp
+    config = base / "qwen.json"
+    config.write_text(json.dumps({**BASE, **raw}))
+    r = run_cli("--config", str(config), *flags)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"hidden from the service by {directive}=true" in r.stderr
+
+
+def test_cli_accepts_hub_ids_and_an_environment_file_anywhere(visible_tmp):
+    """A Hugging Face id is no path; EnvironmentFile= is read by systemd before the sandbox."""
+    config = visible_tmp / "qwen.json"
+    config.write_text(json.dumps({**BASE, "model": "Qwen/Qwen3-8B"}))
+    r = run_cli("--config", str(config), "--environment-file", "/root/sglang.env")
+    assert r.returncode == 0, r.stderr
+    assert "EnvironmentFile=/root/sglang.env" in r.stdout

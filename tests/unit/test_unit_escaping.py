@@ -121,12 +121,12 @@ def test_cli_refuses_a_bad_user_in_one_line(tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--user" in r.stderr
 
 
-def test_systemd_resolves_an_odd_executable_path(tmp_path):
+def test_systemd_resolves_an_odd_executable_path(tmp_path, visible_tmp):
     """systemd-analyze verify checks ExecStart's executable exists: $ and % must survive."""
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
         pytest.skip("systemd-analyze is not installed (apt-get install systemd)")
-    prefix = tmp_path / "pre fix 50%n $X"
+    prefix = visible_tmp / "pre fix 50%n $X"
     (prefix / "bin").mkdir(parents=True)
     exe = prefix / "bin" / "sglang-dflash"
     exe.write_text("#!/bin/sh\n")
