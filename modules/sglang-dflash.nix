@@ -269,6 +269,13 @@ let
   escapeSpecifiers = lib.replaceStrings [ "%" ] [ "%%" ];
   # NixOS writes `Key=value` lines verbatim: a control character would start a new directive.
   hasControl = s: s != null && builtins.match ".*[[:cntrl:]].*" s != null;
+  # Directories the unit's own sandbox hides (shared.sandboxHides, for the directives on).
+  hiddenRoots = lib.concatLists (lib.mapAttrsToList
+    (key: roots: if !(lib.hasPrefix "_" key) && (directives shared.hardening).${key} or false == true
+      then roots else [ ])
+    shared.sandboxHides);
+  hiddenBy = path: path != null && lib.any
+    (r: path == r || lib.hasPrefix "${r}/" path) hiddenRoots;
   hasFlag = flags: i: lib.any (a: lib.elem (lib.head (lib.splitString "=" a)) flags) i.extraArgs;
   instanceAssertions = name: i:
     let p = "services.sglang-dflash.instances.${name}"; in [
@@ -308,6 +315,11 @@ let
         assertion = !(hasControl i.apiKeyFile) && !(hasControl i.environmentFile);
         message = "${p}: apiKeyFile and environmentFile must not contain control characters "
           + "(a newline would inject a unit directive).";
+      }
+      {
+        assertion = !(hiddenBy i.model) && !(hiddenBy i.draftModel);
+        message = "${p}: model and draftModel must not live under ${lib.concatStringsSep ", " hiddenRoots}: "
+          + "the unit's PrivateTmp/ProtectHome hide them from the service, which could never start.";
       }
       {
         assertion = !(hasFlag [ "--config" ] i);

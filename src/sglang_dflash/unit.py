@@ -88,18 +88,16 @@ def spec_escape(value: str) -> str:
     return value.replace("%", "%%")
 
 
-# What the sandbox hides from the service, by the directive that hides it (when it is on).
-HIDDEN_BY = {
-    "PrivateTmp": ("/tmp", "/var/tmp"),
-    "ProtectHome": ("/home", "/root", "/run/user"),
-}
-
-
 def sandbox_hidden(path: str, hardening: dict[str, Any]) -> str | None:
-    """The directive under which ``path`` is invisible (or empty) to the service, or None."""
+    """The directive under which ``path`` is invisible (or empty) to the service, or None.
+
+    The table is ``sandboxHides`` in unit-hardening.json (the NixOS module asserts on it too).
+    """
     on = {e["key"] for e in hardening["hardening"] if e["value"] is True}
     norm = os.path.normpath(path)
-    for key, roots in HIDDEN_BY.items():
+    for key, roots in hardening["sandboxHides"].items():
+        if key.startswith("_"):
+            continue
         if key in on and any(norm == r or norm.startswith(r + "/") for r in roots):
             return key
     return None
@@ -108,10 +106,11 @@ def sandbox_hidden(path: str, hardening: dict[str, Any]) -> str | None:
 def check_sandbox_paths(cfg: InstanceConfig, config_path: str, opts: UnitOptions) -> None:
     """Refuse files the service must read that its own sandbox hides: such a unit can never
     start (seen under a real systemd: a config in /tmp is not there for a PrivateTmp service).
-    EnvironmentFile= is read by systemd itself, before the sandbox, so it may live anywhere."""
+    EnvironmentFile= and the API key (LoadCredential=) are read by systemd itself, before the
+    sandbox, so they may live anywhere."""
     hardening = load_hardening()
     paths = {"--config": config_path, "--package-path": opts.package_path,
-             "--driver-lib-dir": opts.driver_lib_dir, "apiKeyFile": cfg.api_key_file,
+             "--driver-lib-dir": opts.driver_lib_dir,
              "model": cfg.model, "draftModel": cfg.draft_model, "cacheDir": cfg.cache_dir}
     for name, value in paths.items():
         if value is None or not value.startswith("/"):

@@ -234,6 +234,15 @@ ASSERTIONS = {
         '{ a = { model = "m"; algorithm = "none"; environment.CUDA_VISIBLE_DEVICES = "3"; }; }',
         "set the GPUs with gpus",
     ),
+    "model-in-tmp": (
+        '{ a = { model = "/tmp/qwen"; algorithm = "none"; }; }',
+        "instances.a: model and draftModel must not live under "
+        "/tmp, /var/tmp, /home, /root, /run/user",
+    ),
+    "draft-in-home": (
+        '{ a = { model = "m"; draftModel = "/home/me/d"; algorithm = "dflash"; }; }',
+        "the unit's PrivateTmp/ProtectHome hide them",
+    ),
     "bad-name": (
         '{ "a b" = { model = "m"; algorithm = "none"; }; }',
         "the instance name must match",

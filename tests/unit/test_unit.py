@@ -172,7 +172,6 @@ def test_systemd_analyze_verify_accepts_the_unit(tmp_path, visible_tmp):
         ("config", {}, (), "PrivateTmp"),  # the config itself in pytest's /tmp
         ("visible", {"model": "/home/me/models/qwen"}, (), "ProtectHome"),
         ("visible", {"draftModel": "/var/tmp/draft"}, (), "PrivateTmp"),
-        ("visible", {"apiKeyFile": "/root/key"}, (), "ProtectHome"),
         ("visible", {"cacheDir": "/tmp/hf"}, (), "PrivateTmp"),
         ("visible", {}, ("--package-path", "/tmp/prefix"), "PrivateTmp"),
         ("visible", {}, ("--driver-lib-dir", "/home/nv"), "ProtectHome"),
@@ -189,10 +188,12 @@ def test_cli_refuses_paths_the_sandbox_hides(tmp_path, visible_tmp, where, raw, 
     assert f"hidden from the service by {directive}=true" in r.stderr
 
 
-def test_cli_accepts_hub_ids_and_an_environment_file_anywhere(visible_tmp):
-    """A Hugging Face id is no path; EnvironmentFile= is read by systemd before the sandbox."""
+def test_cli_accepts_hub_ids_and_files_systemd_reads_itself(visible_tmp):
+    """A Hugging Face id is no path; EnvironmentFile= and the API key (LoadCredential=) are
+    read by systemd before the sandbox applies, so /root is fine for them."""
     config = visible_tmp / "qwen.json"
-    config.write_text(json.dumps({**BASE, "model": "Qwen/Qwen3-8B"}))
+    config.write_text(json.dumps({**BASE, "model": "Qwen/Qwen3-8B", "apiKeyFile": "/root/key"}))
     r = run_cli("--config", str(config), "--environment-file", "/root/sglang.env")
     assert r.returncode == 0, r.stderr
     assert "EnvironmentFile=/root/sglang.env" in r.stdout
+    assert "LoadCredential=api-key:/root/key" in r.stdout
