@@ -6,7 +6,8 @@
 #   gpu_jit_cache.sh save <out-dir>       tar the caches into <out-dir>/jit-cache.tgz (+ .sha256)
 #   gpu_jit_cache.sh restore <tgz>        unpack them into $HOME (checksum first)
 #
-# `save` refuses an archive over 16 MiB (the largest file a device call brings back). Entries
+# `save` keeps FlashInfer's cache alone when all together exceed 16 MiB (the largest file a
+# device call brings back) and refuses when even that does. Entries
 # are relative to $HOME; FlashInfer keys its cache by its version and the GPU arch
 # (.cache/flashinfer/<version>/<arch>/), so a restored cache of another version is simply unused.
 # Every failure is one line on stderr and a non-zero exit (1: bad/missing data, 2: usage).
@@ -29,6 +30,13 @@ save)
     [ ${#present[@]} -gt 0 ] || die 1 "no JIT cache under $home (${CACHES[*]}): nothing to save"
     tar czf "$out/jit-cache.tgz" -C "$home" "${present[@]}"
     size=$(stat -c %s "$out/jit-cache.tgz")
+    if [ "$size" -gt "$LIMIT" ] && [ -d "$home/${CACHES[0]}" ] && [ ${#present[@]} -gt 1 ]; then
+        # too big together: FlashInfer's alone is the one worth minutes
+        echo "gpu_jit_cache: all caches are $((size / 1048576)) MiB; keeping ${CACHES[0]} only" >&2
+        present=("${CACHES[0]}")
+        tar czf "$out/jit-cache.tgz" -C "$home" "${present[@]}"
+        size=$(stat -c %s "$out/jit-cache.tgz")
+    fi
     if [ "$size" -gt "$LIMIT" ]; then
         rm -f "$out/jit-cache.tgz"
         die 1 "archive is $((size / 1048576)) MiB, over the 16 MiB a call brings back: save fewer caches"

@@ -87,3 +87,19 @@ def test_restore_refuses_entries_outside_the_caches(tmp_path):
     r = run(home, "restore", str(tgz))
     assert r.returncode == 1 and "not a JIT cache" in r.stderr
     assert not (home / ".ssh").exists()
+
+
+def test_too_big_together_keeps_flashinfer_alone(tmp_path):
+    home, out, fresh = tmp_path / "home", tmp_path / "out", tmp_path / "fresh"
+    for d in (home, out, fresh):
+        d.mkdir()
+    files = fake_caches(home)
+    big = home / ".triton" / "cache" / "huge.bin"
+    big.write_bytes(os.urandom(17 * 1024 * 1024))
+    r = run(home, "save", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "keeping .cache/flashinfer only" in r.stderr
+    assert run(fresh, "restore", str(out / "jit-cache.tgz")).returncode == 0
+    fi = ".cache/flashinfer/0.6.15.post1/90a/cached_ops/sampling/sampling.so"
+    assert (fresh / fi).read_bytes() == files[fi]
+    assert not (fresh / ".triton").exists()
