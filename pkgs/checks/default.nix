@@ -34,6 +34,9 @@ in
 
   module-eval = pkgs.callPackage ./module-eval.nix { inherit nixosSystem nixosModule; };
 
+  # A NixOS VM running the module's unit with the SGLang stand-in (needs KVM; not yet run).
+  vm-standin = pkgs.callPackage ./vm-standin.nix { inherit src nixosModule; };
+
   format = runCommand "sglang-dflash-format" { nativeBuildInputs = [ pkgs.nixfmt ]; } ''
     cd ${src}
     find . -name '*.nix' -not -path './.git/*' -print0 | sort -z | xargs -0 nixfmt --check

@@ -312,3 +312,21 @@ def test_module_and_unit_command_render_the_same_unit(tmp_path):
     for key, value in svc["environment"].items():
         if key != "HOME":
             assert env[key] == value, key
+
+
+def test_vm_test_instance_renders_the_expected_unit():
+    """The VM test's instance (pkgs/checks/vm-standin.nix, not runnable here) passes every
+    assertion and renders the notify unit that test expects, with the stand-in's settings."""
+    instance = ROOT / "pkgs" / "checks" / "vm-standin-instance.nix"
+    pkg = ('{ type = "derivation"; name = "standin"; '
+           'outPath = "/nix/store/22222222222222222222222222222222-standin"; }')
+    out = evaluate(f"{{ standin = import {instance} {pkg}; }}")
+    assert out["failedAssertions"] == []
+    svc = out["services"]["sglang-dflash-standin"]
+    sc = svc["serviceConfig"]
+    assert sc["Type"] == "notify" and sc["DynamicUser"] is True and "ExecStartPre" not in sc
+    assert sc["ExecStart"].startswith("/nix/store/22222222222222222222222222222222-standin/bin/")
+    assert sc["ProtectSystem"] == "strict" and sc["PrivateTmp"] is True
+    cfg = out["configs"]["standin"]
+    assert cfg["environment"]["STANDIN_SELFKILL_ON_TERM"] == "1"
+    assert (cfg["host"], cfg["port"], cfg["algorithm"]) == ("127.0.0.1", 30000, "ddtree")

@@ -99,7 +99,7 @@ def test_checks_and_apps_names():
         }};
       in {{ checks = builtins.attrNames checks; apps = builtins.attrNames apps; }}
     """)
-    assert got["checks"] == ["format", "module-eval", "preflight", "pytest"]
+    assert got["checks"] == ["format", "module-eval", "preflight", "pytest", "vm-standin"]
     assert got["apps"] == ["check", "serve"]
 
 
