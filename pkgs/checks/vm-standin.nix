@@ -23,7 +23,7 @@ pkgs.testers.runNixOSTest {
   name = "sglang-dflash-standin";
   nodes.machine = {
     imports = [ nixosModule ];
-    environment.systemPackages = [ standin ];
+    environment.systemPackages = [ standin pkgs.curl ];
     services.sglang-dflash.instances.standin = import ./vm-standin-instance.nix standin;
   };
   testScript = ''
