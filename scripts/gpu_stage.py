@@ -825,15 +825,21 @@ def split(tarball: Path, part_size: int) -> list[Path]:
 # ---------------------------------------------------------------- the device calls
 
 
+JIT_CACHE = "jit-cache.tgz"
+
+
 def device_calls(
     parts: list[str],
     stage_rel: str = ".stage",
     remote: str = "/root/stage",
     dest: str = "/root/site",
+    jit_cache: bool = False,
 ) -> list[dict]:
     """The `run` calls that move the parts to the device, one part per call (the carry limit
     is 64 MiB a call), each part checked on arrival, the last call unpacking. Files under
-    /root survive between back-to-back calls while the machine stays warm."""
+    /root survive between back-to-back calls while the machine stays warm. With
+    ``jit_cache``, one more call restores the JIT caches a previous lease saved
+    (scripts/gpu_jit_cache.sh) into $HOME there."""
     calls = []
     for i, part in enumerate(parts):
         cmd = (
@@ -845,7 +851,33 @@ def device_calls(
         if i == len(parts) - 1:
             cmd += f"; bash scripts/gpu_unstage.sh {remote} {dest}"
         calls.append({"command": cmd, "carry": [f"{stage_rel}/{part}", f"{stage_rel}/SHA256SUMS"]})
+    if jit_cache:
+        calls.append({
+            "command": f"set -eo pipefail; bash scripts/gpu_jit_cache.sh restore "
+                       f"{stage_rel}/{JIT_CACHE}",
+            "carry": [f"{stage_rel}/{JIT_CACHE}", f"{stage_rel}/{JIT_CACHE}.sha256"],
+        })
     return calls
+
+
+def check_jit_cache(src: Path) -> str:
+    """The sha256 of a saved JIT cache, checked against the .sha256 written beside it."""
+    sums = Path(f"{src}.sha256")
+    if not src.is_file():
+        raise StageError(f"--jit-cache {src}: no such file")
+    if not sums.is_file():
+        raise StageError(f"--jit-cache {src}: {sums.name} missing beside it (save writes both)")
+    want = sums.read_text().split()[0] if sums.read_text().split() else ""
+    got = hashlib.sha256(src.read_bytes()).hexdigest()
+    if want != got:
+        raise StageError(f"--jit-cache {src}: sha256 {got[:12]} does not match {sums.name}")
+    return got
+
+
+def take_jit_cache(src: Path, sha: str, out: Path) -> None:
+    """Copy the checked JIT cache into the stage dir under the name the calls carry."""
+    shutil.copyfile(src, out / JIT_CACHE)
+    (out / f"{JIT_CACHE}.sha256").write_text(f"{sha}  {JIT_CACHE}\n")
 
 
 # ---------------------------------------------------------------- main
@@ -868,6 +900,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--part-mib", type=int, default=None,
                     help="part size; default: what fits beside the working tree in one call "
                          "(64 MiB - tree - 2 MiB, at most 60)")
+    ap.add_argument("--jit-cache", type=Path, default=None,
+                    help="a jit-cache.tgz saved by scripts/gpu_jit_cache.sh on an earlier lease "
+                         "(its .sha256 beside it): one more call restores it")
     ap.add_argument("--max-glibc", type=int, default=39, help="N of manylinux_2_N (host: 2.39)")
     ap.add_argument(
         "--keep",
@@ -972,6 +1007,7 @@ def stage(args: argparse.Namespace) -> dict:
         }
 
     out = args.out or args.repo / ".stage"
+    jit_sha = check_jit_cache(args.jit_cache) if args.jit_cache is not None else None
     downloaded = 0
     paths = []
     for s in plan.selected:
@@ -1061,7 +1097,9 @@ def stage(args: argparse.Namespace) -> dict:
         },
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    calls = device_calls([p.name for p in parts])
+    if jit_sha is not None:
+        take_jit_cache(args.jit_cache, jit_sha, out)
+    calls = device_calls([p.name for p in parts], jit_cache=args.jit_cache is not None)
     (out / "calls.json").write_text(json.dumps(calls, indent=1) + "\n")
     return manifest
 

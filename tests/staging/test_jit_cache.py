@@ -8,7 +8,7 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from .helpers import REPO
+from .helpers import REPO, load_stage
 
 SCRIPT = REPO / "scripts" / "gpu_jit_cache.sh"
 
@@ -103,3 +103,46 @@ def test_too_big_together_keeps_flashinfer_alone(tmp_path):
     fi = ".cache/flashinfer/0.6.15.post1/90a/cached_ops/sampling/sampling.so"
     assert (fresh / fi).read_bytes() == files[fi]
     assert not (fresh / ".triton").exists()
+
+
+def test_stage_calls_carry_and_restore_the_cache(tmp_path):
+    """gpu_stage --jit-cache: one more call carries the archive and restores it there."""
+    import json as _json
+
+    gs = load_stage()
+
+    home, saved = tmp_path / "old-home", tmp_path / "saved"
+    home.mkdir()
+    saved.mkdir()
+    files = fake_caches(home)
+    assert run(home, "save", str(saved)).returncode == 0
+    stage = tmp_path / ".stage"
+    stage.mkdir()
+    sha = gs.check_jit_cache(saved / "jit-cache.tgz")
+    gs.take_jit_cache(saved / "jit-cache.tgz", sha, stage)
+    calls = gs.device_calls(["p.part-00"], stage_rel=".stage", jit_cache=True)
+    last = calls[-1]
+    assert last["carry"] == [".stage/jit-cache.tgz", ".stage/jit-cache.tgz.sha256"]
+    # replay it the way the device sees it: the repo's scripts plus the carried files
+    device, new_home = tmp_path / "device", tmp_path / "new-home"
+    (device / "scripts").mkdir(parents=True)
+    (device / "scripts" / "gpu_jit_cache.sh").write_bytes(SCRIPT.read_bytes())
+    (device / ".stage").mkdir()
+    for rel in last["carry"]:
+        (device / rel).write_bytes((tmp_path / rel).read_bytes())
+    new_home.mkdir()
+    r = subprocess.run(["bash", "-c", last["command"]], cwd=device, capture_output=True,
+                       text=True, timeout=60, env=dict(os.environ, HOME=str(new_home)))
+    assert r.returncode == 0, r.stderr
+    for rel, data in files.items():
+        assert (new_home / rel).read_bytes() == data
+    assert _json.dumps(calls)  # plain data, as calls.json holds it
+
+    bad = saved / "jit-cache.tgz.sha256"
+    bad.write_text("0" * 64 + "  jit-cache.tgz\n")
+    try:
+        gs.check_jit_cache(saved / "jit-cache.tgz")
+    except gs.StageError as e:
+        assert "does not match" in str(e)
+    else:
+        raise AssertionError("a wrong checksum was accepted")
