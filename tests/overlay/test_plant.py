@@ -144,3 +144,56 @@ def test_logp_profile_parsing_and_rows():
     for bad in ([], [-1, -0.5], [0.5], ["x"], [True]):
         with pytest.raises(p.PlantError, match="logp_profile"):
             p.parse_plant(json.dumps({**GOOD, "logp_profile": bad}))
+
+
+def _random_case(seed: int, profile: bool):
+    import random
+
+    import torch
+
+    rng = random.Random(seed)
+    vocab, depth, k = 40, rng.randint(1, 5), rng.randint(1, 8)
+    reqs, prompts = [], []
+    for i in range(rng.randint(1, 4)):
+        prompt = (*[rng.randrange(vocab) for _ in range(rng.randint(1, 4))], 1000 + i)
+        cont = [rng.randrange(vocab) for _ in range(rng.randint(1, 12))]
+        ranks = [rng.choice([-1, 0, 0, 1, 2, k - 1, k, k + 3]) for _ in cont]
+        reqs.append({"input_ids": list(prompt), "continuation": cont, "ranks": ranks})
+        prompts.append((prompt, cont))
+    doc = {"test_only": True, "requests": reqs}
+    if profile:
+        doc["logp_profile"] = [-0.01, -3.0]
+    spec = p.parse_plant(json.dumps(doc))
+    bs = rng.randint(1, 6)
+    batch, prefix, roots = [], [], []
+    for _ in range(bs):
+        if rng.random() < 0.2:  # a request the plant does not know
+            prompt, cont = (7, 7, 7), [3]
+        else:
+            prompt, cont = rng.choice(prompts)
+        base = rng.randint(-1, len(cont))  # before, inside and past the continuation
+        prefix.append(len(prompt) + base)
+        on_track = 0 <= base < len(cont) and rng.random() < 0.8
+        roots.append(cont[base] if on_track else rng.randrange(vocab))
+        batch.append((prompt, len(prompt)))
+    ids = torch.stack([torch.stack([torch.randperm(vocab)[:k] for _ in range(depth)])
+                       for _ in range(bs)])  # fmt: skip
+    logp = torch.randn(bs, depth, k).sort(-1, descending=True).values
+    return spec, batch, prefix, roots, logp, ids
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_device_plant_equals_the_host_plant(seed):
+    """The batched, sync-free plant rewrites exactly what the host version (and so the CPU
+    oracle's model of it) rewrites: swaps, inserts, removals with the smallest free id, rows
+    off the continuation, unknown requests, the log-prob profile."""
+    import torch
+
+    spec, batch, prefix, roots, logp, ids = _random_case(seed, profile=seed % 2 == 0)
+    want_lp, want_ids = p.apply_plant_host(spec, batch, prefix, roots, logp.tolist(), ids.tolist())
+    dev = p.DevicePlant(spec, "cpu")
+    got_lp, got_ids = dev.apply(dev.row_index(batch), torch.tensor(prefix), torch.tensor(roots),
+                                logp, ids)  # fmt: skip
+    assert got_ids.tolist() == want_ids
+    assert torch.allclose(got_lp, torch.tensor(want_lp, dtype=logp.dtype))
+    assert got_ids.dtype == ids.dtype and got_ids.shape == ids.shape

@@ -26,7 +26,8 @@ stays token-identical: the plant only changes which candidates the
 target verifies, never the target's choice.
 
 It is enabled only by ``SGLANG_DFLASH_DDTREE_PLANT=<file>`` AND ``"test_only": true`` inside the
-file; every process logs a loud warning. The application syncs with the host (test-only).
+file; every process logs a loud warning. The worker applies it on the device (``DevicePlant``,
+no host sync); ``apply_plant_host`` is the same rewrite on host lists, its reference.
 """
 
 from __future__ import annotations
@@ -181,3 +182,119 @@ def profile_row(profile: tuple[float, ...], k: int) -> list[float]:
     while len(row) < k:
         row.append(row[-1] - 1.0)
     return row
+
+
+def apply_plant_host(
+    spec: PlantSpec,
+    reqs: list[tuple[tuple[int, ...], int]],
+    prefix: list[int],
+    roots: list[int],
+    logp_rows: list,
+    id_rows: list,
+) -> tuple[list, list]:
+    """The plant on host lists: ``reqs`` = (input_ids, prompt_len) per batch row, ``id_rows`` /
+    ``logp_rows`` = ``[bs][L][K]``. The reference the device version is tested against."""
+    depth = len(id_rows[0]) if id_rows else 0
+    k = len(id_rows[0][0]) if depth else 0
+    id_rows, logp_rows = list(id_rows), list(logp_rows)
+    for b, (input_ids, prompt_len) in enumerate(reqs):
+        planted = spec.find(input_ids)
+        if planted is None:
+            continue
+        ovs = row_overrides(planted, prompt_len, prefix[b], roots[b], depth)
+        if not ovs:
+            continue
+        id_rows[b] = apply_overrides(id_rows[b], ovs)
+        if spec.logp_profile is not None:
+            logp_rows[b] = [profile_row(spec.logp_profile, k)] * depth
+    return logp_rows, id_rows
+
+
+class DevicePlant:
+    """``apply_plant_host`` as batched tensor ops: no host sync, so planted rounds cost what a
+    real drafter's would (the host version read every ``[bs, L, K]`` row back each round, which
+    dominated planted rounds at bs = 32 on the H200). The host's part per round is only the
+    batch row -> plant request index (``row_index``), sent without a sync."""
+
+    def __init__(self, spec: PlantSpec, device) -> None:
+        import torch
+
+        self.spec = spec
+        self.device = device
+        self.index = {r.input_ids: i for i, r in enumerate(spec.requests)}
+        width = max(len(r.continuation) for r in spec.requests)
+        cont = torch.full((len(spec.requests), width), -1, dtype=torch.long)
+        ranks = torch.full((len(spec.requests), width), -1, dtype=torch.long)
+        for i, r in enumerate(spec.requests):
+            cont[i, : len(r.continuation)] = torch.tensor(r.continuation)
+            ranks[i, : len(r.ranks)] = torch.tensor(r.ranks)
+        self.cont, self.ranks = cont.to(device), ranks.to(device)
+        self.clen = torch.tensor([len(r.continuation) for r in spec.requests], device=device)
+        self._profiles: dict = {}  # (k, dtype) -> the planted rows' log-probs, built once
+
+    def row_index(self, reqs: list[tuple[tuple[int, ...], int]]):
+        """``[bs, 2]`` (plant request or -1, prompt length) on the device, copied without a
+        host wait (pinned memory on CUDA)."""
+        import torch
+
+        host = torch.tensor([[self.index.get(ids, -1), n] for ids, n in reqs], dtype=torch.long)
+        if torch.device(self.device).type == "cuda":
+            return host.pin_memory().to(self.device, non_blocking=True)
+        return host.to(self.device)
+
+    def apply(self, rows, seq_lens, roots, logp, ids):
+        """Planted ``(logp, ids)`` for ``[bs, L, K]`` inputs; ``rows`` from ``row_index``."""
+        import torch
+
+        bs, depth, k = ids.shape
+        plan, prompt_len = rows[:, 0], rows[:, 1]
+        has = plan >= 0
+        p = plan.clamp(min=0)
+        clen = self.clen[p]
+        base = seq_lens.long() - prompt_len  # continuation index of the root token
+        in_range = has & (base >= 0) & (base < clen)
+        root_tok = self.cont[p, base.clamp(0, self.cont.shape[1] - 1)]
+        ok = in_range & (root_tok == roots.long())
+        d = torch.arange(1, depth + 1, device=ids.device)
+        j = base.view(bs, 1) + d.view(1, depth)  # [bs, L]
+        active = ok.view(bs, 1) & (j < clen.view(bs, 1))
+        jc = j.clamp(0, self.cont.shape[1] - 1)
+        tok = self.cont[p.view(bs, 1), jc]  # [bs, L]
+        rank = self.ranks[p.view(bs, 1), jc]
+        row = ids.long()
+        match = row == tok.unsqueeze(-1)  # [bs, L, K]
+        present = match.any(-1)
+        here = match.long().argmax(-1)
+        place = active & (rank >= 0) & (rank < k)
+        remove = active & ~place & present
+        r = rank.clamp(0, k - 1)
+        at_rank = row.gather(-1, r.unsqueeze(-1)).squeeze(-1)  # the id sitting at rank r
+        # the smallest id not in the row and not the token (ids are distinct, so it is <= K)
+        slots = torch.zeros(bs, depth, k + 3, dtype=torch.bool, device=ids.device)
+        slots.scatter_(-1, row.clamp(0, k + 2), True)
+        slots.scatter_(-1, tok.clamp(0, k + 2).unsqueeze(-1), True)
+        filler = (~slots[..., : k + 2]).long().argmax(-1)
+        out = row.clone()
+        # placing: the token's old slot (if any) takes what was at rank r, rank r the token
+        swap = place & present
+        out.scatter_(-1, here.unsqueeze(-1),
+                     torch.where(swap, at_rank, out.gather(-1, here.unsqueeze(-1)).squeeze(-1))
+                     .unsqueeze(-1))  # fmt: skip
+        out.scatter_(-1, r.unsqueeze(-1),
+                     torch.where(place, tok, out.gather(-1, r.unsqueeze(-1)).squeeze(-1))
+                     .unsqueeze(-1))  # fmt: skip
+        # removing: the token's slot gets the filler
+        out.scatter_(-1, here.unsqueeze(-1),
+                     torch.where(remove, filler, out.gather(-1, here.unsqueeze(-1)).squeeze(-1))
+                     .unsqueeze(-1))  # fmt: skip
+        new_logp = logp
+        if self.spec.logp_profile is not None:
+            planted_row = ok & (base + 1 < clen)  # the host applies it when any override exists
+            key = (k, logp.dtype)
+            if key not in self._profiles:  # one upload, at the first planted round
+                self._profiles[key] = torch.tensor(
+                    profile_row(self.spec.logp_profile, k), dtype=logp.dtype, device=logp.device
+                )
+            prof = self._profiles[key]
+            new_logp = torch.where(planted_row.view(bs, 1, 1), prof.view(1, 1, k), logp)
+        return new_logp, out.to(ids.dtype)

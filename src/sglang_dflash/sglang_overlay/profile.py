@@ -9,7 +9,8 @@ appends one JSON line per batch size seen in that window. No per-round host sync
 variable is unset the worker holds ``None`` and pays one ``is not None`` test per mark.
 
 What the numbers mean: GPU-stream time between marks. A stage whose host code syncs or launches
-slowly (the TEST-ONLY plant syncs in ``draft``) includes the stream's idle gap in that stage.
+slowly includes the stream's idle gap in that stage (before 2026-12-02's device-side plant, the
+TEST-ONLY plant's host sync sat in ``draft``).
 
 Stages: ``draft`` = draft block forward + top-K head (+ plant); ``tree`` = build_tree alone (the
 DDTree builder, the figure issue 5's "< 5% of a verify" is about); ``prep`` = verify cache

@@ -171,6 +171,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         vocab = int(target_worker.model_runner.model_config.vocab_size)
         self._topk_k = min(budget, vocab)
         self._plant = self._load_plant()
+        self._device_plant = None  # built at the first planted round, on the draft's device
         self._prof = self._load_profiler(budget)
         self._warm_up_tree()
         if SIMULATE_ACC_LEN > 0:
@@ -393,27 +394,19 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         return logp, ids, block_ids, positions_2d, cache_loc_2d
 
     def _apply_plant(self, batch, roots, logp, ids):
-        """TEST-ONLY: rewrite top-K ids (and log-probs) per the plant file (host sync)."""
-        prefix = batch.seq_lens.tolist()
-        root_list = roots.tolist()
-        rows, lp_rows = ids.tolist(), logp.tolist()
-        depth, k = ids.shape[1], ids.shape[2]
-        for b, req in enumerate(batch.reqs):
-            planted = self._plant.find(tuple(req.origin_input_ids))
-            if planted is None:
-                continue
-            ovs = plant_mod.row_overrides(
-                planted, len(req.origin_input_ids), prefix[b], root_list[b], depth
-            )
-            if not ovs:
-                continue
-            rows[b] = plant_mod.apply_overrides(rows[b], ovs)
-            if self._plant.logp_profile is not None:
-                lp_rows[b] = [plant_mod.profile_row(self._plant.logp_profile, k)] * depth
-        return (
-            torch.tensor(lp_rows, dtype=logp.dtype, device=logp.device),
-            torch.tensor(rows, dtype=ids.dtype, device=ids.device),
-        )
+        """TEST-ONLY: rewrite top-K ids (and log-probs) per the plant file, on the device.
+
+        ``plant.DevicePlant`` (tested equal to ``plant.apply_plant_host``, the oracle's model);
+        the host only maps batch rows to plant requests. Until 2026-12-02 this read every
+        ``[bs, L, K]`` row back to the host each round, which dominated planted rounds at
+        bs = 32 and made planted throughput unrepresentative.
+        """
+        if self._device_plant is None:
+            self._device_plant = plant_mod.DevicePlant(self._plant, logp.device)
+        dp = self._device_plant
+        rows = dp.row_index([(tuple(r.origin_input_ids), len(r.origin_input_ids))
+                             for r in batch.reqs])  # fmt: skip
+        return dp.apply(rows, batch.seq_lens, roots, logp, ids)
 
     def _ddtree_round(self, batch, draft_input, on_publish):
         bs = len(batch.seq_lens)
