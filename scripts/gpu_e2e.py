@@ -31,6 +31,9 @@ T = 0.8 / top_p = 0.95 (the call-14 stall), planted (after `serve:none`) or not,
 `--sampling-backend pytorch` or, with `:flashinfer`, FlashInfer's; on a timeout it records
 running compilers, GPU utilisation and py-spy stacks, then whether a greedy request still works.
 
+`--curve` adds, to each plant step, one short bench per rank schedule (its one prompt, c = 1
+and 8): throughput against acceptance length, one acceptance regime per point.
+
 Any server step takes `@<backend>` (`serve:none@triton plant:56@triton`): that step runs on that
 attention backend (target and draft), its files carry `-<backend>`, its plant comes from
 `serve:none@<backend>`, and `compare` checks each backend's modes among themselves.
@@ -211,6 +214,7 @@ class Opts:
     bench_concurrency: str
     bench_num_prompts: int
     clock: Clock
+    curve: bool = False
     suffix: str = ""  # "@triton": this step's backend differs from --backend
 
     @property
@@ -292,6 +296,33 @@ def run_bench(opts: Opts, url: str, name: str, prompts: str) -> dict:
     res = sh(cli(args), env=opts.env, timeout=max(10.0, min(240.0, left - 15)))
     res["prompts"] = prompts
     return res
+
+
+def acceptance_curve(opts: Opts, url: str, name: str, rows: list[dict]) -> list[dict]:
+    """Throughput against acceptance length: one short bench per plant schedule (its one
+    prompt, repeated), at concurrency 1 and 8, so each point has a single acceptance regime."""
+    points = []
+    for row in rows:
+        left = opts.clock.left()
+        if left < BENCH_MIN_S:
+            points.append({"schedule": row["schedule"], "skipped": f"time budget: {left:.0f}s"})
+            continue
+        prompts = opts.out / f"curve-{name}-{row['schedule']}.jsonl"
+        prompts.write_text(json.dumps({"input_ids": row["input_ids"]}) + "\n")
+        out = opts.out / f"bench-{name}-{row['schedule']}.json"
+        res = sh(cli(["bench", "--url", url, "--concurrency", "1,8", "--num-prompts", "8",
+                      "--max-new-tokens", str(GEN_TOKENS), "--prompts", str(prompts),
+                      "--json", str(out), "--quiet"]),
+                 env=opts.env, timeout=max(10.0, min(120.0, left - 15)))  # fmt: skip
+        point = {"schedule": row["schedule"], "rc": res.get("rc"),
+                 "oracle_accept_length": row.get("oracle_accept_length")}
+        if out.exists():
+            for summ in json.loads(out.read_text()).get("summaries", []):
+                c = summ.get("concurrency")
+                point[f"tok_s_c{c}"] = summ.get("output_tokens_per_s")
+                point[f"accept_length_c{c}"] = summ.get("accept_length")
+        points.append(point)
+    return points
 
 
 def ddtree_environment(opts: Opts, name: str, plant: Path | None = None) -> dict:
@@ -502,6 +533,8 @@ def step_plant(opts: Opts, step: str, serves: dict) -> dict:
                                                    rec.get("pid"))
             if opts.bench:
                 rec["bench"] = run_bench(opts, url, name, "planted")
+            if opts.curve:
+                rec["curve"] = acceptance_curve(opts, url, name, rows)
     rec["profile"] = read_jsonl(opts.out / f"profile-{name}.jsonl")
     return rec
 
@@ -749,6 +782,9 @@ def main() -> int:
                     help="workload of serve/simacc benches (plant benches always use planted)")
     ap.add_argument("--bench-concurrency", default="1,8,32")
     ap.add_argument("--bench-num-prompts", type=int, default=32)
+    ap.add_argument("--curve", action="store_true",
+                    help="plant steps: one short bench per rank schedule (throughput against "
+                         "acceptance length, concurrency 1 and 8)")
     ap.add_argument("--reuse", type=Path, metavar="RESULTS_JSON",
                     help="take serve:none records (continuations) from an earlier run's "
                          "results.json on the same machine, instead of starting serve:none again")
@@ -763,7 +799,8 @@ def main() -> int:
     opts = Opts(out=args.out, env=env, models=write_models(args.models), backend=args.backend,
                 bench=not args.no_bench, bench_prompts=args.bench_prompts,
                 bench_concurrency=args.bench_concurrency,
-                bench_num_prompts=args.bench_num_prompts, clock=Clock(args.time_budget_s))
+                bench_num_prompts=args.bench_num_prompts, clock=Clock(args.time_budget_s),
+                curve=args.curve)
     results: dict = {"steps": args.steps, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                       time.gmtime())}
     serves: dict = reused_serves(args.reuse) if args.reuse else {}
@@ -816,6 +853,9 @@ def main() -> int:
         "ready": {m: r.get("ready_seconds")
                   for m, r in {**serves, **plants, **simaccs, **samples}.items()},
         "plant": {m: r.get("summary", r.get("error")) for m, r in plants.items()},
+        "curve": {m: [(c["schedule"], c.get("oracle_accept_length"), c.get("tok_s_c1"),
+                       c.get("tok_s_c8")) for c in r.get("curve", [])]
+                  for m, r in plants.items() if r.get("curve")},
         "simacc": {m: r.get("accept_lengths", r.get("error")) for m, r in simaccs.items()},
         "sample": {m: r.get("sampling_smoke", r.get("error")) for m, r in samples.items()},
         "seeded": {m: r.get("summary", r.get("error")) for m, r in seededs.items()},

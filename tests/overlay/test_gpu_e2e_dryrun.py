@@ -179,3 +179,18 @@ def test_seeded_step_against_standin(tmp_path):
     assert isinstance(rec["summary"]["sampled"], bool)
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "seeded:x" in summary["errors"]
+
+
+def test_curve_benches_each_schedule(tmp_path):
+    """`--curve`: one short bench per plant schedule, its one prompt at concurrency 1 and 8."""
+    proc, res = _run(tmp_path, "--no-bench", "--curve", "serve:none", "plant:16")
+    curve = res["plant"]["plant:16"]["curve"]
+    assert [c["schedule"] for c in curve] == ["absent", "sparse", "mixed", "branchy",
+                                               "mostly0", "chain"]
+    for c in curve:
+        assert c["rc"] == 0 and c["tok_s_c1"] > 0 and c["tok_s_c8"] > 0, c
+        assert c["oracle_accept_length"] >= 1.0
+    lines = (tmp_path / "out" / "curve-plant-16-chain.jsonl").read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["input_ids"]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(summary["curve"]["plant:16"]) == 6
