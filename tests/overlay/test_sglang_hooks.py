@@ -57,28 +57,37 @@ def _python() -> Path:
     return py
 
 
-def _run_probe(py: Path, models: Path, budget: str | None) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in (BUDGET, "SGLANG_PLUGINS")}
-    # This checkout's code, whatever checkout the venv's editable install points at (the env
-    # is a shared cache; CI's clone re-points it). The venv's dist-info keeps the entry point.
+def _run_script(py: Path, script: str, args: list[str], env: dict, cwd: Path | None = None):
+    """Run a probe script of this directory in the SGLang env; its ``PROBE-JSON`` object.
+
+    This checkout's code goes first on PYTHONPATH, whatever checkout the venv's editable
+    install points at (the env is a shared cache; CI's clone re-points it). The venv's
+    dist-info keeps the entry point."""
+    env = dict(env)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(HERE.parents[1] / "src"), *filter(None, [env.get("PYTHONPATH")])]
     )
-    if budget is not None:
-        env[BUDGET] = budget
     proc = subprocess.run(
-        [str(py), str(HERE / "sglang_probe.py"), str(models / "target"), str(models / "draft")],
+        [str(py), str(HERE / script), *args],
         capture_output=True,
         text=True,
         timeout=240,
         env=env,
-        cwd=str(models),
+        cwd=None if cwd is None else str(cwd),
     )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE-JSON ")]
     assert lines, f"probe printed no result (rc={proc.returncode}): {proc.stderr[-2000:]}"
     data = json.loads(lines[-1][len("PROBE-JSON ") :])
     assert "crash" not in data, data.get("crash")
     return data
+
+
+def _run_probe(py: Path, models: Path, budget: str | None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in (BUDGET, "SGLANG_PLUGINS")}
+    if budget is not None:
+        env[BUDGET] = budget
+    return _run_script(py, "sglang_probe.py", [str(models / "target"), str(models / "draft")],
+                       env, cwd=models)
 
 
 @pytest.fixture(scope="module")
@@ -216,16 +225,8 @@ def test_seeded_node_draws_equal_sglangs_deterministic_sampler():
     position: what makes seeded T > 0 output identical to non-speculative decoding. SGLang's
     murmur hash is a Triton kernel: the probe runs it under the Triton interpreter (and without
     dynamo, which cannot trace the interpreter)."""
-    py = _python()
     env = dict(os.environ, TRITON_INTERPRET="1", TORCHDYNAMO_DISABLE="1")  # sampler is compiled
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(HERE.parents[1] / "src"), *filter(None, [env.get("PYTHONPATH")])]
-    )
-    proc = subprocess.run([str(py), str(HERE / "sglang_seeded_probe.py")], capture_output=True,
-                          text=True, timeout=240, env=env)  # fmt: skip
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE-JSON ")]
-    assert lines, f"probe printed no result (rc={proc.returncode}): {proc.stderr[-2000:]}"
-    seeded = json.loads(lines[-1][len("PROBE-JSON ") :])
+    seeded = _run_script(_python(), "sglang_seeded_probe.py", [], env)
     assert seeded["simple_equal"] is True and seeded["filtered_equal"] is True
     assert seeded["distinct_draws"] > 3 and seeded["other_seed_differs"] is True
 
