@@ -124,6 +124,12 @@ def host_seq_lens_bound(seq_lens_cpu: torch.Tensor, step_growth: int) -> torch.T
     return seq_lens_cpu.to(torch.int64) + int(step_growth)
 
 
+def node_rows(t: torch.Tensor, bs: int, width: int, device) -> torch.Tensor:
+    """A per-request ``[bs]`` (or ``[bs, 1]``) value repeated for each of its ``width`` tree
+    nodes: ``[bs * width]``, row order as in the verify logits."""
+    return t.reshape(bs).to(device).repeat_interleave(width)
+
+
 def per_node_targets(
     logits: torch.Tensor,
     width: int,
@@ -149,16 +155,16 @@ def per_node_targets(
     def per_row(t: torch.Tensor | None, fill: float) -> torch.Tensor:
         if t is None:
             return torch.full((rows, 1), fill, device=logits.device)
-        return t.reshape(bs).to(logits.device).repeat_interleave(width).view(rows, 1)
+        return node_rows(t, bs, width, logits.device).view(rows, 1)
 
     temp = per_row(temperatures, 1.0).float().clamp(min=1e-6)
     probs = torch.softmax(logits.float() / temp, dim=-1)
     if renorm is not None and (top_ks is not None or top_ps is not None):
         top_k_renorm, top_p_renorm = renorm
         if top_ks is not None:
-            probs = top_k_renorm(probs, top_ks.reshape(bs).repeat_interleave(width))
+            probs = top_k_renorm(probs, node_rows(top_ks, bs, width, logits.device))
         if top_ps is not None:
-            probs = top_p_renorm(probs, top_ps.reshape(bs).repeat_interleave(width))
+            probs = top_p_renorm(probs, node_rows(top_ps, bs, width, logits.device))
     elif top_ks is not None or top_ps is not None:
         sorted_p, order = probs.sort(dim=-1, descending=True)
         keep = torch.ones_like(sorted_p, dtype=torch.bool)
@@ -211,7 +217,7 @@ def seeded_node_targets(
     bs = rows // width
 
     def per_row(t: torch.Tensor) -> torch.Tensor:
-        return t.reshape(bs).to(logits.device).repeat_interleave(width)
+        return node_rows(t, bs, width, logits.device)
 
     temp = per_row(temperatures).float().view(rows, 1)
     probs = torch.softmax(logits.float() / temp, dim=-1)
