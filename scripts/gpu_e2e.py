@@ -172,12 +172,15 @@ def http_json(url: str, body: dict | None = None, timeout: float = 120) -> dict:
         return json.loads(r.read())
 
 
-def instance_config(name: str, algorithm: str, budget: int | None, models: tuple[Path, Path],
-                    extra_args: list[str]) -> dict:
-    target, draft = models
+def instance_config(opts: Opts, name: str, algorithm: str, budget: int | None = None, *,
+                    extra_args: tuple[str, ...] = (), plant: Path | None = None,
+                    environment: dict | None = None) -> dict:
+    """The run's instance config: dummy weights, this step's attention backend for target and
+    draft, and for DDTree the profiler (and plant) environment."""
+    target, draft = opts.models
     cfg = {
         "name": name, "model": str(target), "algorithm": algorithm, "port": PORT,
-        "gpus": [0], "memFractionStatic": 0.7, "attentionBackend": "flashinfer",
+        "gpus": [0], "memFractionStatic": 0.7, "attentionBackend": opts.backend,
         "loadFormat": "dummy", "skipTokenizerInit": True, "preflight": False,
         "startTimeout": 420,
         "extraArgs": ["--sampling-backend", "pytorch", "--cuda-graph-max-bs", "32",
@@ -185,9 +188,12 @@ def instance_config(name: str, algorithm: str, budget: int | None, models: tuple
     }
     if algorithm != "none":
         cfg |= {"draftModel": str(draft), "draftLoadFormat": "dummy",
-                "draftAttentionBackend": "flashinfer"}
+                "draftAttentionBackend": opts.backend}
     if algorithm == "ddtree":
         cfg["ddtree"] = {"budget": budget}
+        environment = ddtree_environment(opts, name, plant)
+    if environment is not None:
+        cfg["environment"] = environment
     return cfg
 
 
@@ -349,12 +355,7 @@ def step_serve(opts: Opts, mode: str) -> dict:
     algorithm = parts[1]
     budget = int(parts[2]) if len(parts) > 2 else None
     name = "-".join(parts[1:]) + opts.tag
-    cfg = instance_config(name, algorithm, budget, opts.models, [])
-    cfg["attentionBackend"] = opts.backend
-    if algorithm != "none":
-        cfg["draftAttentionBackend"] = opts.backend
-    if algorithm == "ddtree":
-        cfg["environment"] = ddtree_environment(opts, name)
+    cfg = instance_config(opts, name, algorithm, budget)
     with running_server(opts, cfg, name) as (url, rec):
         rec["mode"] = mode
         if rec["ready_seconds"]:
@@ -478,9 +479,7 @@ def step_plant(opts: Opts, step: str, serves: dict) -> dict:
     except Exception as exc:
         rounds, margin = [[0] * GEN_TOKENS for _ in PLANT_PROMPTS], 0.0
         oracle_error = f"{type(exc).__name__}: {exc}"
-    cfg = instance_config(name, "ddtree", budget, opts.models, [])
-    cfg |= {"attentionBackend": opts.backend, "draftAttentionBackend": opts.backend,
-            "environment": ddtree_environment(opts, name, plant_path)}
+    cfg = instance_config(opts, name, "ddtree", budget, plant=plant_path)
     rows: list[dict] = []
     for (sched, pattern), ids, cont, rr in zip(PLANT_SCHEDULES, PLANT_PROMPTS, conts, rounds,
                                                strict=True):
@@ -627,12 +626,10 @@ def step_sample(opts: Opts, step: str, serves: dict) -> dict:
                              "same run or in --reuse (its continuations are the plant)"}
         plant_path = opts.out / f"{name}.json"
         plant_path.write_text(json.dumps(plant_document(conts)))
-    cfg = instance_config(name, "ddtree", budget, opts.models, [])
+    cfg = instance_config(opts, name, "ddtree", budget, plant=plant_path)
     if "flashinfer" in flags:
         args = cfg["extraArgs"]
         args[args.index("--sampling-backend") + 1] = "flashinfer"
-    cfg |= {"attentionBackend": opts.backend, "draftAttentionBackend": opts.backend,
-            "environment": ddtree_environment(opts, name, plant_path)}
     before = flashinfer_sampling_builds()
     with running_server(opts, cfg, name) as (url, rec):
         rec["mode"] = step
@@ -659,9 +656,8 @@ def step_simacc(opts: Opts, step: str) -> dict:
     length = step.split(":")[1]
     float(length)  # a bad value is this step's error, before a server starts
     name = f"simacc-{length}{opts.tag}"
-    cfg = instance_config(name, "dflash", None, opts.models, [])
-    cfg |= {"attentionBackend": opts.backend, "draftAttentionBackend": opts.backend,
-            "environment": {"SGLANG_SIMULATE_ACC_LEN": length}}
+    cfg = instance_config(opts, name, "dflash",
+                          environment={"SGLANG_SIMULATE_ACC_LEN": length})
     with running_server(opts, cfg, name) as (url, rec):
         rec["mode"] = step
         if rec["ready_seconds"]:
@@ -690,10 +686,9 @@ def step_seeded(opts: Opts, step: str) -> dict:
     SGLang's seeded sampler keyed by (seed, position), so outputs must match token for token
     (up to last-bit logit differences between a 1-row decode and an N+1-row verify)."""
     budget = int(step.split(":")[1])
-    det = ["--enable-deterministic-inference"]
+    det = ("--enable-deterministic-inference",)
     rec: dict = {"mode": step}
-    cfg = instance_config(f"seeded-none{opts.tag}", "none", None, opts.models, det)
-    cfg["attentionBackend"] = opts.backend
+    cfg = instance_config(opts, f"seeded-none{opts.tag}", "none", extra_args=det)
     outs: list[list[int]] = []
     greedy: list[list[int]] = []
     with running_server(opts, cfg, f"seeded-none{opts.tag}") as (url, r0):
@@ -709,9 +704,7 @@ def step_seeded(opts: Opts, step: str) -> dict:
     name = f"seeded-{budget}{opts.tag}"
     plant_path = opts.out / f"{name}.json"
     plant_path.write_text(json.dumps(plant_document(outs)))
-    cfg = instance_config(name, "ddtree", budget, opts.models, det)
-    cfg |= {"attentionBackend": opts.backend, "draftAttentionBackend": opts.backend,
-            "environment": ddtree_environment(opts, name, plant_path)}
+    cfg = instance_config(opts, name, "ddtree", budget, extra_args=det, plant=plant_path)
     rows = []
     with running_server(opts, cfg, name) as (url, r1):
         if r1["ready_seconds"]:
