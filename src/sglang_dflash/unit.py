@@ -103,12 +103,13 @@ def sandbox_hidden(path: str, hardening: dict[str, Any]) -> str | None:
     return None
 
 
-def check_sandbox_paths(cfg: InstanceConfig, config_path: str, opts: UnitOptions) -> None:
+def check_sandbox_paths(
+    cfg: InstanceConfig, config_path: str, opts: UnitOptions, hardening: dict[str, Any]
+) -> None:
     """Refuse files the service must read that its own sandbox hides: such a unit can never
     start (seen under a real systemd: a config in /tmp is not there for a PrivateTmp service).
     EnvironmentFile= and the API key (LoadCredential=) are read by systemd itself, before the
     sandbox, so they may live anywhere."""
-    hardening = load_hardening()
     paths = {"--config": config_path, "--package-path": opts.package_path,
              "--driver-lib-dir": opts.driver_lib_dir,
              "model": cfg.model, "draftModel": cfg.draft_model, "cacheDir": cfg.cache_dir}
@@ -151,8 +152,8 @@ def unit_name(cfg: InstanceConfig) -> str:
 def render_unit(cfg: InstanceConfig, config_path: str, opts: UnitOptions) -> str:
     """The complete unit file text for one instance (pure); UnitError for unsafe values."""
     check_unit_values(cfg, config_path, opts)
-    check_sandbox_paths(cfg, config_path, opts)
     shared = load_hardening()
+    check_sandbox_paths(cfg, config_path, opts, shared)
     exe = f"{opts.package_path.rstrip('/')}/bin/sglang-dflash"
     sub = f"sglang-dflash-{cfg.name}"  # one flat directory per instance, no shared parent
     lines = [
