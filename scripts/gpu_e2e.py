@@ -290,17 +290,25 @@ def bench_prompts_file(out: Path) -> Path:
     return path
 
 
-def run_bench(opts: Opts, url: str, name: str, prompts: str) -> dict:
+def bench_call(opts: Opts, url: str, out: Path, prompts: Path | None, concurrency: str,
+               num_prompts: int, max_s: float) -> dict:
+    """One `sglang-dflash bench` into ``out``, or a skip when the run's time budget is short."""
     left = opts.clock.left()
     if left < BENCH_MIN_S:
         return {"skipped": f"time budget: {left:.0f}s left"}
-    args = ["bench", "--url", url, "--concurrency", opts.bench_concurrency,
-            "--num-prompts", str(opts.bench_num_prompts), "--max-new-tokens", str(GEN_TOKENS),
-            "--json", str(opts.out / f"bench-{name}.json"), "--quiet"]
-    if prompts == "planted":
-        args += ["--prompts", str(bench_prompts_file(opts.out))]
-    res = sh(cli(args), env=opts.env, timeout=max(10.0, min(240.0, left - 15)))
-    res["prompts"] = prompts
+    args = ["bench", "--url", url, "--concurrency", concurrency, "--num-prompts",
+            str(num_prompts), "--max-new-tokens", str(GEN_TOKENS), "--json", str(out), "--quiet"]
+    if prompts is not None:
+        args += ["--prompts", str(prompts)]
+    return sh(cli(args), env=opts.env, timeout=max(10.0, min(max_s, left - 15)))
+
+
+def run_bench(opts: Opts, url: str, name: str, prompts: str) -> dict:
+    res = bench_call(opts, url, opts.out / f"bench-{name}.json",
+                     bench_prompts_file(opts.out) if prompts == "planted" else None,
+                     opts.bench_concurrency, opts.bench_num_prompts, 240.0)  # fmt: skip
+    if "skipped" not in res:
+        res["prompts"] = prompts
     return res
 
 
@@ -309,17 +317,13 @@ def acceptance_curve(opts: Opts, url: str, name: str, rows: list[dict]) -> list[
     prompt, repeated), at concurrency 1 and 8, so each point has a single acceptance regime."""
     points = []
     for row in rows:
-        left = opts.clock.left()
-        if left < BENCH_MIN_S:
-            points.append({"schedule": row["schedule"], "skipped": f"time budget: {left:.0f}s"})
-            continue
         prompts = opts.out / f"curve-{name}-{row['schedule']}.jsonl"
         prompts.write_text(json.dumps({"input_ids": row["input_ids"]}) + "\n")
         out = opts.out / f"bench-{name}-{row['schedule']}.json"
-        res = sh(cli(["bench", "--url", url, "--concurrency", "1,8", "--num-prompts", "8",
-                      "--max-new-tokens", str(GEN_TOKENS), "--prompts", str(prompts),
-                      "--json", str(out), "--quiet"]),
-                 env=opts.env, timeout=max(10.0, min(120.0, left - 15)))  # fmt: skip
+        res = bench_call(opts, url, out, prompts, "1,8", 8, 120.0)
+        if "skipped" in res:
+            points.append({"schedule": row["schedule"], **res})
+            continue
         point = {"schedule": row["schedule"], "rc": res.get("rc"),
                  "oracle_accept_length": row.get("oracle_accept_length")}
         if out.exists():
