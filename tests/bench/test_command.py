@@ -83,6 +83,7 @@ def test_url_run_measures_every_request(standin_server, tmp_path):
         assert s["accept_length"] == pytest.approx(4.0)
         assert s["output_tokens_per_s"] == pytest.approx(72 / s["duration_s"])
     assert "4.00" in r.stdout and url in r.stdout
+    assert doc["best"] == [] and "fastest per concurrency" not in r.stdout  # one config: no pick
 
 
 def test_non_speculative_server_has_no_acceptance(standin_server, tmp_path):
@@ -270,6 +271,15 @@ def test_sweep_starts_one_server_per_point(tmp_path):
     cmp_ = {(c["config"], c["concurrency"]): c for c in doc["comparison"]}
     assert cmp_[(labels[0], 2)]["throughput_ratio"] == pytest.approx(1.0)
     assert "against the baseline algorithm=none ddtree.budget=16" in r.stdout
+    # the fastest configuration per level, from the same summaries, printed and in --json
+    fastest = {}
+    for s_ in doc["summaries"]:
+        c = s_["concurrency"]
+        if c not in fastest or s_["output_tokens_per_s"] > fastest[c]["output_tokens_per_s"]:
+            fastest[c] = s_
+    assert [(b["concurrency"], b["config"], b["candidates"]) for b in doc["best"]] == [
+        (c, fastest[c]["config"], 4) for c in (1, 2)]
+    assert "fastest per concurrency" in r.stdout
     assert png.read_bytes()[:4] == b"\x89PNG" or "matplotlib" in r.stderr
     assert not listening(port)  # every server was stopped
 

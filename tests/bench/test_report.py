@@ -11,13 +11,14 @@ from sglang_dflash.bench import plot
 from sglang_dflash.bench.command import Status
 from sglang_dflash.bench.report import (
     ConfigResult,
+    best_table,
     comparison_table,
     document,
     progress_line,
     render_table,
     summary_table,
 )
-from sglang_dflash.bench.stats import RequestRecord, compare, summarize
+from sglang_dflash.bench.stats import RequestRecord, best_per_concurrency, compare, summarize
 
 
 def summ(config, conc, tokens, acc=None):
@@ -103,3 +104,29 @@ def test_progress_bar_only_on_a_terminal_and_not_quiet(stream, quiet, bar):
     assert ("bench: done" in text) == (not quiet)
     st.error("boom")
     assert out.getvalue().endswith("sglang-dflash bench: boom\n")
+
+
+def test_best_per_concurrency_picks_the_fastest_clean_configuration():
+    failed = summarize("broken", 8, [RequestRecord("broken", 8, 0, ok=True, latency=1.0,
+                                                   output_tokens=9000),
+                                     RequestRecord("broken", 8, 1, ok=False)], 1.0)
+    ss = [summ("base", 1, 100), summ("n16", 1, 150), summ("n64", 1, 180),
+          summ("base", 8, 800), summ("n16", 8, 900), summ("n64", 8, 700), failed,
+          summ("tie-a", 32, 50), summ("tie-b", 32, 50)]
+    best = best_per_concurrency(ss, "base")
+    assert [(b.concurrency, b.config, b.candidates) for b in best] == [
+        (1, "n64", 3), (8, "n16", 3), (32, "tie-a", 2)]
+    assert best[0].throughput_ratio == pytest.approx(1.8)
+    assert best[1].throughput_ratio == pytest.approx(900 / 800)
+    assert best[2].throughput_ratio is None  # no baseline at that level
+    table = best_table(best).splitlines()
+    assert table[0].split() == ["fastest", "config", "conc", "out", "tok/s", "x", "baseline", "of"]
+    assert table[2].split() == ["n64", "1", "180.0", "1.80", "3"]
+    assert table[4].split() == ["tie-a", "32", "50.0", "-", "2"]
+    # a level where every configuration failed a request has no recommendation
+    assert best_per_concurrency([failed], "base") == []
+    doc = document(machine={}, argv=[], interrupted=False, baseline="base", configs=[],
+                   summaries=ss, comparisons=[], records=[], best=best)
+    assert json.loads(json.dumps(doc))["best"][1] == {
+        "concurrency": 8, "config": "n16", "output_tokens_per_s": 900.0,
+        "throughput_ratio": pytest.approx(1.125), "candidates": 3}

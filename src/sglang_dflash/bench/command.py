@@ -26,13 +26,20 @@ from sglang_dflash.bench import plot, server
 from sglang_dflash.bench.client import Endpoint, health, parse_url
 from sglang_dflash.bench.report import (
     ConfigResult,
+    best_table,
     comparison_table,
     document,
     progress_line,
     summary_table,
 )
 from sglang_dflash.bench.runner import Sampling, run_level, warmup
-from sglang_dflash.bench.stats import RequestRecord, Summary, compare, summarize
+from sglang_dflash.bench.stats import (
+    RequestRecord,
+    Summary,
+    best_per_concurrency,
+    compare,
+    summarize,
+)
 from sglang_dflash.bench.sweep import (
     SweepError,
     apply_overrides,
@@ -421,6 +428,7 @@ def finish(args: argparse.Namespace, plans: list[Plan], base_i: int, result: Run
     status.end_bar()
     baseline = plans[base_i].label
     comparisons = compare(result.summaries, baseline)
+    best = best_per_concurrency(result.summaries, baseline) if len(plans) > 1 else []
     if result.summaries:
         print(summary_table(result.summaries))
         if len(plans) > 1 and any(s.config == baseline for s in result.summaries):
@@ -428,11 +436,14 @@ def finish(args: argparse.Namespace, plans: list[Plan], base_i: int, result: Run
             print(comparison_table(comparisons))
         elif len(plans) > 1:
             print(f"\nno comparison: the baseline {baseline} has no results")
+        if best:
+            print("\nfastest per concurrency (configurations with no failed request)")
+            print(best_table(best))
     rc = 0
     if args.json:
         doc = document(machine=machine(), argv=sys.argv, interrupted=result.interrupted,
                        baseline=baseline, configs=result.configs, summaries=result.summaries,
-                       comparisons=comparisons, records=result.records)
+                       comparisons=comparisons, records=result.records, best=best)
         try:
             tmp = Path(args.json + ".tmp")
             tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")

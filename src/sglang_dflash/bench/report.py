@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sglang_dflash.bench.stats import Comparison, RequestRecord, Summary
+from sglang_dflash.bench.stats import Best, Comparison, RequestRecord, Summary
 
 SCHEMA = "sglang-dflash-bench/1"
 
@@ -62,9 +62,18 @@ def comparison_table(comparisons: Sequence[Comparison]) -> str:
     return render_table(headers, rows)
 
 
+def best_table(best: Sequence[Best]) -> str:
+    """Per concurrency: the configuration with the highest output tok/s, and x the baseline."""
+    headers = ["fastest config", "conc", "out tok/s", "x baseline", "of"]
+    rows = [[b.config, str(b.concurrency), _f(b.output_tokens_per_s, digits=1),
+             _f(b.throughput_ratio), str(b.candidates)] for b in best]
+    return render_table(headers, rows)
+
+
 def document(*, machine: dict[str, str], argv: Sequence[str], interrupted: bool, baseline: str,
              configs: Sequence[ConfigResult], summaries: Sequence[Summary],
-             comparisons: Sequence[Comparison], records: Sequence[RequestRecord]) -> dict:
+             comparisons: Sequence[Comparison], records: Sequence[RequestRecord],
+             best: Sequence[Best] = ()) -> dict:
     """The --json document: everything needed to recompute the tables, and where it ran."""
     return {
         "schema": SCHEMA,
@@ -75,6 +84,7 @@ def document(*, machine: dict[str, str], argv: Sequence[str], interrupted: bool,
         "configs": [asdict(c) for c in configs],
         "summaries": [asdict(s) for s in summaries],
         "comparison": [asdict(c) for c in comparisons],
+        "best": [asdict(b) for b in best],
         "records": [asdict(r) for r in records],
     }
 

@@ -187,3 +187,42 @@ def compare(summaries: Sequence[Summary], baseline: str) -> list[Comparison]:
             )
         )
     return out
+
+
+@dataclass(frozen=True)
+class Best:
+    """The fastest configuration at one concurrency level, among those with no failed request."""
+
+    concurrency: int
+    config: str
+    output_tokens_per_s: float
+    throughput_ratio: float | None  # against the baseline at this level; None without one
+    candidates: int  # configurations that qualified at this level
+
+
+def best_per_concurrency(summaries: Sequence[Summary], baseline: str) -> list[Best]:
+    """Highest output tok/s per level (first in run order on a tie), ascending by concurrency.
+
+    A configuration with any failed request at a level is not a candidate there: its
+    throughput counts only what completed and would recommend a broken setting.
+    """
+    base = {s.concurrency: s for s in summaries if s.config == baseline}
+    by_level: dict[int, list[Summary]] = {}
+    for s in summaries:
+        if s.errors == 0 and s.ok > 0 and s.output_tokens_per_s is not None:
+            by_level.setdefault(s.concurrency, []).append(s)
+    out = []
+    for level in sorted(by_level):
+        group = by_level[level]
+        top = max(group, key=lambda s: s.output_tokens_per_s or 0.0)  # max keeps the first
+        b = base.get(level)
+        out.append(
+            Best(
+                concurrency=level,
+                config=top.config,
+                output_tokens_per_s=top.output_tokens_per_s or 0.0,
+                throughput_ratio=ratio(top.output_tokens_per_s, b and b.output_tokens_per_s),
+                candidates=len(group),
+            )
+        )
+    return out
