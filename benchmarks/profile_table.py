@@ -54,6 +54,19 @@ def rows_of(label: str, records: list[dict]) -> list[Row]:
     return out
 
 
+def is_record(rec: object) -> bool:
+    """A window line as the profiler writes it: bs, rounds, and mean/p50 numbers per stage."""
+    if not isinstance(rec, dict) or not isinstance(rec.get("ms"), dict):
+        return False
+    if not isinstance(rec.get("bs"), int) or not isinstance(rec.get("rounds"), int):
+        return False
+    return all(
+        isinstance(rec["ms"].get(s), dict)
+        and all(isinstance(rec["ms"][s].get(k), int | float) for k in ("mean", "p50"))
+        for s in STAGES
+    )
+
+
 def read_records(path: Path) -> list[dict]:
     """The file's records; ValueError with a one-line reason when it cannot be used."""
     try:
@@ -66,9 +79,10 @@ def read_records(path: Path) -> list[dict]:
             continue
         try:
             rec = json.loads(line)
-            _ = [rec["ms"][s]["p50"] for s in STAGES], rec["bs"], rec["rounds"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise ValueError(f"{path}:{n}: not a DDTree profile record") from None
+        except json.JSONDecodeError:
+            rec = None
+        if not is_record(rec):
+            raise ValueError(f"{path}:{n}: not a DDTree profile record")
         records.append(rec)
     if not records:
         raise ValueError(f"{path}: no profile records")

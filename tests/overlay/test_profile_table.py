@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -95,5 +96,12 @@ def test_bad_inputs_are_one_line_and_nonzero_but_good_files_still_print(tmp_path
         f"profile_table: {tmp_path / 'missing.jsonl'}: No such file or directory",
     ]
     assert "good.jsonl" in res.stdout
+    stringy = tmp_path / "stringy.jsonl"
+    rec = json.loads(good.read_text().splitlines()[0])
+    rec["ms"]["tree"]["p50"] = "0.2"  # valid JSON, wrong type
+    stringy.write_text(json.dumps(rec) + "\nnot json\n")
+    res = run(str(stringy))
+    assert res.returncode == 1 and res.stdout == ""
+    assert res.stderr.strip() == f"profile_table: {stringy}:1: not a DDTree profile record"
     res = run("--bs", "0,x", str(good))
     assert res.returncode == 2 and "expected positive integers" in res.stderr
