@@ -26,11 +26,14 @@ def record_digest(data: bytes) -> str:
 
 
 def write_dist_info(site: Path, name: str, version: str, files: list[str] | None = None,
-                    entry_points: str | None = None) -> Path:
-    """A dist-info for `name`; RECORD lists `files` (relative to site) with their hashes."""
+                    entry_points: str | None = None, requires: list[str] | None = None) -> Path:
+    """A dist-info for `name`; RECORD lists `files` (relative to site) with their hashes;
+    `requires` become its Requires-Dist headers."""
     di = site / f"{name.replace('-', '_')}-{version}.dist-info"
     di.mkdir(parents=True, exist_ok=True)
-    (di / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n\n")
+    headers = "".join(f"Requires-Dist: {r}\n" for r in requires or ())
+    (di / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                                 f"{headers}\n")
     if entry_points:
         (di / "entry_points.txt").write_text(entry_points)
     rows = []
@@ -55,7 +58,8 @@ def module_files(modules: list[str]) -> list[str]:
 
 
 def make_sglang(site: Path, version: str = "0.5.17", modules: list[str] | None = None,
-                skip: tuple[str, ...] = (), dist_info: bool = True) -> Path:
+                skip: tuple[str, ...] = (), dist_info: bool = True,
+                requires: list[str] | None = None) -> Path:
     """A fake sglang package (+ dist-info/RECORD) holding `modules` minus `skip`.
 
     Defaults to the manifest's required modules, i.e. a complete 0.5.17.
@@ -67,7 +71,7 @@ def make_sglang(site: Path, version: str = "0.5.17", modules: list[str] | None =
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(b"\x7fELF fake" if rel.endswith(".so") else f"# {rel}\n".encode())
     if dist_info:
-        write_dist_info(site, "sglang", version, sorted(set(files)))
+        write_dist_info(site, "sglang", version, sorted(set(files)), requires=requires)
     return site / "sglang"
 
 

@@ -134,3 +134,16 @@ def test_real_wheel_in_a_nix_env(installed: Path, tmp_path: Path, whole_dirs: bo
             f"{victim})")
     finally:
         victim.write_bytes(original)
+
+
+def test_real_wheel_without_its_dependencies_fails_requires(installed: Path) -> None:
+    """`pip install --no-deps` of the real wheel: a complete sglang whose declared
+    dependencies (71 apply on Linux x86_64; av/decord2 are ARM-only) are mostly absent."""
+    import platform
+
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        pytest.skip("the count 71 is for Linux x86_64 markers")
+    res = package_results(installed)["package.requires"]
+    assert res["status"] == "FAIL", res
+    assert res["found"].startswith("sglang 0.5.17 declares 71 requirements here; "), res
+    assert " missing: " in res["found"]

@@ -108,8 +108,8 @@ def test_markers(marker, full, ok):
     assert gs.eval_marker(marker, env) is ok
 
 
-def test_unknown_marker_variable_is_a_stage_error():
-    with pytest.raises(gs.StageError, match="unknown marker variable"):
+def test_unknown_marker_variable_is_a_requirement_error():
+    with pytest.raises(gs.RequirementError, match="unknown marker variable"):
         gs.eval_marker("nonsense_var == '1'", gs.HOST_ENV)
 
 

@@ -17,10 +17,12 @@ from importlib import metadata
 from importlib.machinery import ModuleSpec
 from pathlib import Path
 
+from sglang_dflash.check import requires
 from sglang_dflash.check.finder import find_spec_in
 from sglang_dflash.check.paths import dangling_link, file_identity, is_inside, link_note, real
 from sglang_dflash.check.result import Result, failed, passed, shorten, skipped
 from sglang_dflash.manifest import FIX_STALE, Manifest, glob_files, sha256_file
+from sglang_dflash.requirements import marker_env, normalize
 
 LAYER = "package"
 PACKAGE = "sglang"
@@ -150,10 +152,6 @@ def read_metadata(dist_info: Path) -> tuple[str, str] | None:
         elif key.lower() == "version":
             version = value.strip()
     return (name, version) if name else None
-
-
-def normalize(name: str) -> str:
-    return name.lower().replace("_", "-").replace(".", "-")
 
 
 def dist_infos_in(site: Path, dist: str) -> list[DistInfo]:
@@ -423,7 +421,7 @@ def run_layer(manifest: Manifest | None, manifest_error: str, pins_sglang: str,
     cands = find_candidates(entries)
     win = winner(cands)
     out += check_location(cands, win, pins_sglang)
-    dependent = ("nested", "version", "modules", "record")
+    dependent = ("nested", "version", "modules", "record", "requires")
     if win is None:
         out += [skipped(LAYER, n, "no sglang package to inspect") for n in dependent]
     else:
@@ -438,8 +436,12 @@ def run_layer(manifest: Manifest | None, manifest_error: str, pins_sglang: str,
         if len(dists) == 1:
             patched = manifest.patched_files if manifest else {}
             out.append(check_record(win, dists[0], patched, pins_sglang))
+            out.append(requires.check(PACKAGE, dists[0].version, dists[0].path, entries,
+                                      marker_env()))
         else:
             out.append(skipped(LAYER, "record", "no single sglang dist-info to read RECORD from"))
+            out.append(skipped(LAYER, "requires",
+                               "no single sglang dist-info to read Requires-Dist from"))
     if manifest is None:
         out += [skipped(LAYER, n, "no manifest") for n in ("entry_point", "overlay")]
     else:

@@ -1,0 +1,132 @@
+"""package.requires: sglang's declared dependencies, read from its METADATA, against what is
+installed — the H200's `No module named 'xgrammar'` (2026-12-02, call 4), caught before start."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from sglang_dflash.check import requires
+from sglang_dflash.requirements import marker_env
+from tests.check.fakes import make_dist, make_sglang, run_check, write_dist_info
+
+LINUX = {"python_version": "3.12", "python_full_version": "3.12.3",
+         "implementation_name": "cpython", "platform_python_implementation": "CPython",
+         "sys_platform": "linux", "platform_machine": "x86_64", "platform_system": "Linux",
+         "os_name": "posix", "extra": ""}
+
+
+def have(**versions: str) -> dict[str, requires.Installed]:
+    return {n.replace("_", "-"): requires.Installed(v, Path(f"/site/{n}-{v}.dist-info"))
+            for n, v in versions.items()}
+
+
+def test_judge_names_missing_and_rejected_versions_and_follows_markers():
+    lines = [
+        "xgrammar==0.2.1",
+        "numpy>=2",
+        "torch==2.11.0",
+        "flashinfer_python[cu13]==0.6.15.post1",  # extras on the requirement: the dist counts
+        'av==16.1.0; sys_platform == "linux" and platform_machine == "aarch64"',  # not here
+        'pytest; extra == "test"',  # an extra of sglang: not a base dependency
+        "requests",  # no specifier: presence only
+    ]
+    v = requires.judge(lines, LINUX, have(numpy="1.26.4", torch="2.11.0+cu130",
+                                          flashinfer_python="0.6.15.post1", requests="2.32.0"))
+    assert v.declared == 5
+    assert v.missing == ["xgrammar==0.2.1"]
+    assert v.mismatched == ["numpy 1.26.4 (needs >=2)"]  # torch's local +cu130 is accepted
+    assert v.unreadable == []
+    arm = requires.judge(lines, dict(LINUX, platform_machine="aarch64"), have())
+    assert "av==16.1.0" in arm.missing and arm.declared == 6
+
+
+def test_judge_reports_an_unreadable_version_instead_of_raising():
+    v = requires.judge(["numpy>=2"], LINUX, have(numpy="not-a-version"))
+    assert v.missing == [] and v.mismatched == []
+    assert v.unreadable == ["numpy: cannot read version 'not-a-version'"]
+
+
+def test_installed_distributions_first_entry_wins_and_skips_junk(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    make_dist(a, "numpy", "2.3.5")
+    make_dist(b, "numpy", "2.5.2")
+    make_dist(b, "Typing_Extensions", "4.16.0")
+    (b / "broken-1.0.dist-info").mkdir()  # no METADATA: ignored
+    found = requires.installed_distributions([str(a), str(tmp_path / "absent"), str(b)])
+    assert found["numpy"].version == "2.3.5" and found["numpy"].dist_info.parent == a
+    assert found["typing-extensions"].version == "4.16.0"
+    assert "broken" not in found
+
+
+def test_marker_env_describes_this_interpreter():
+    env = marker_env()
+    assert env["python_version"] == f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert env["sys_platform"] == sys.platform and env["extra"] == ""
+
+
+def site_with_sglang(tmp_path: Path, *reqs: str) -> Path:
+    site = tmp_path / "site"
+    make_sglang(site, requires=list(reqs))
+    return site
+
+
+def test_check_fails_naming_the_missing_dependency_then_passes_once_installed(tmp_path):
+    site = site_with_sglang(tmp_path, "xgrammar==0.2.1", "numpy>=2",
+                            'av==16.1.0; platform_machine == "no-such-machine"')
+    make_dist(site, "numpy", "1.26.4")
+    rc, res, err, _ = run_check("--layer", "package", sites=(site,))
+    line = res["package.requires"]
+    assert rc == 1 and line["status"] == "FAIL", err
+    assert line["found"] == ("sglang 0.5.17 declares 2 requirements here; 1 missing: "
+                             "xgrammar==0.2.1; 1 at a version it does not accept: "
+                             "numpy 1.26.4 (needs >=2)")
+    assert "uv sync --frozen" in line["fix"] and "sglang==0.5.17" in line["fix"]
+    # the other package lines are unaffected: the tree itself is complete
+    assert res["package.record"]["status"] == "PASS"
+
+    (site / "numpy-1.26.4.dist-info").rename(tmp_path / "old-numpy")
+    make_dist(site, "numpy", "2.3.5")
+    make_dist(site, "xgrammar", "0.2.1")
+    _rc, res, err, _ = run_check("--layer", "package", sites=(site,))
+    assert res["package.requires"]["status"] == "PASS", err
+    assert res["package.requires"]["found"] == (
+        "sglang 0.5.17: all 2 declared requirements installed at accepted versions")
+
+
+def test_a_copy_earlier_on_the_path_is_the_one_judged(tmp_path):
+    """The first entry's numpy is what imports; a good one later on the path does not count."""
+    site = site_with_sglang(tmp_path, "numpy>=2")
+    early = tmp_path / "early"
+    make_dist(early, "numpy", "1.26.4")
+    make_dist(site, "numpy", "2.3.5")
+    _rc, res, _err, _ = run_check("--layer", "package", sites=(early, site))
+    assert res["package.requires"]["status"] == "FAIL"
+    assert "numpy 1.26.4 (needs >=2)" in res["package.requires"]["found"]
+
+
+def test_no_single_sglang_dist_info_skips_with_the_reason(tmp_path):
+    site = tmp_path / "site"
+    make_sglang(site, dist_info=False)
+    _rc, res, _err, _ = run_check("--layer", "package", sites=(site,))
+    assert res["package.requires"]["status"] == "SKIP"
+    assert "Requires-Dist" in res["package.requires"]["found"]
+
+
+@pytest.mark.parametrize("n", [12, 13])
+def test_a_long_list_stays_one_line(tmp_path, n):
+    names = [f"dep{i:02d}" for i in range(n)]
+    site = site_with_sglang(tmp_path, *names)
+    _rc, res, _err, _ = run_check("--layer", "package", sites=(site,))
+    found = res["package.requires"]["found"]
+    assert "\n" not in found and f"{n} missing: " in found
+    assert found.endswith("dep11" if n == 12 else "and 1 more")
+
+
+def test_unreadable_metadata_is_a_fail_with_a_fix(tmp_path):
+    di = write_dist_info(tmp_path, "sglang", "0.5.17")
+    (di / "METADATA").unlink()
+    r = requires.check("sglang", "0.5.17", di, [str(tmp_path)], LINUX)
+    assert r.status == "FAIL" and "cannot read" in r.found and "reinstall" in r.fix
