@@ -291,6 +291,17 @@ def wheel_requires(whl: Path) -> list[str]:
         return metadata_headers(z.read(md[0]).decode("utf-8", "replace"), "Requires-Dist")
 
 
+def declared_left_out(sglang_wheel: Path, left_out: Iterable[str]) -> list[str]:
+    """sglang's own requirements (for the host's markers) that this set leaves out on purpose.
+
+    `sglang-dflash check` reads the same Requires-Dist (package.requires) and FAILs naming
+    them, so the summary says so before anything travels.
+    """
+    gone = set(left_out)
+    return [f"{r.name}{r.spec}" for r in requirements(wheel_requires(sglang_wheel), HOST_ENV)
+            if r.name in gone]
+
+
 # ---------------------------------------------------------------- the lock
 
 
@@ -857,6 +868,10 @@ def stage(args: argparse.Namespace) -> dict:
             if s := unpack_wheel(path, site):
                 skipped[path.name] = s
         sglang = next(s for s in plan.selected if s.name == "sglang")
+        left_out = declared_left_out(
+            paths[plan.selected.index(sglang)],
+            [e.name for e in plan.excluded if e.name in OPTIONAL_HEAVY],
+        )
         patch_dir = args.repo / "overlays" / "patches" / f"sglang-{sglang.version}"
         patches = apply_patches(patch_dir, site)
         dropped = [] if args.keep_flash_ops else drop_files(site, FLASH_OPS_GLOB)
@@ -896,6 +911,7 @@ def stage(args: argparse.Namespace) -> dict:
             for s in plan.selected
         ],
         "excluded": [asdict(e) for e in plan.excluded],
+        "declared_left_out": left_out,
         "host_packages": None
         if args.no_host_packages
         else {
@@ -951,6 +967,13 @@ def summary(m: dict) -> str:
         f"  - file {d['path']} ({d['size'] / MIB:.0f} MiB): {d['reason']}"
         for d in m["dropped_files"]
     ]
+    if m.get("declared_left_out"):
+        names = m["declared_left_out"]
+        lines.append(
+            f"note: sglang declares {len(names)} requirement(s) left out here "
+            f"({', '.join(names)}): `sglang-dflash check` will FAIL package.requires on this "
+            f"set; --keep NAME ships one"
+        )
     lines.append(
         f"staged {s['wheels']} wheels ({s['download_bytes'] / MIB:.0f} MiB download), "
         f"unpacked {s['unpacked_bytes'] / MIB:.0f} MiB in {s['unpacked_files']} files, "

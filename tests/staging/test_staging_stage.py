@@ -23,13 +23,16 @@ def make_wheel(
     tags: str,
     files: dict[str, bytes],
     modes: dict[str, int] | None = None,
+    requires: tuple[str, ...] = (),
 ) -> Path:
-    """A minimal but real wheel: files, dist-info METADATA/WHEEL/RECORD."""
+    """A minimal but real wheel: files, dist-info METADATA (+ Requires-Dist)/WHEEL/RECORD."""
     dist = name.replace("-", "_")
     whl = where / f"{dist}-{version}-{tags}.whl"
     info = f"{dist}-{version}.dist-info"
     entries = dict(files)
-    entries[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    entries[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + (
+        "".join(f"Requires-Dist: {r}\n" for r in requires)
+    )
     entries[f"{info}/WHEEL"] = "Wheel-Version: 1.0\nRoot-Is-Purelib: false\n"
     entries[f"{info}/RECORD"] = ""
     with zipfile.ZipFile(whl, "w") as z:
@@ -158,6 +161,8 @@ def synthetic_repo(tmp_path):
                 "0.5.17",
                 "cp312-cp312-manylinux_2_34_x86_64",
                 {sg: b"VALUE = 1\n", "sglang/__init__.py": b""},
+                requires=("torch==2.11.0", "tilelang==0.1.11", "sglang-kernel==0.4.5", "helper",
+                          'av; platform_machine == "aarch64"'),
             ),
         ],
         deps='    { name = "torch" },\n    { name = "tilelang" },\n'
@@ -303,6 +308,9 @@ def test_stage_then_unstage_end_to_end(synthetic_repo, tmp_path):
     assert m["sizes"]["downloaded_now_bytes"] == m["sizes"]["download_bytes"] > 0
     assert m["skipped_wheel_data"] == {"helper-2.0-py3-none-any.whl": ["helper-2.0.data/scripts"]}
     assert "excluded 6:" in r.stdout and "in 1 parts" in r.stdout
+    # sglang's own requirement left out on purpose is named (torch is the host's, not missing)
+    assert m["declared_left_out"] == ["tilelang==0.1.11"]
+    assert "note: sglang declares 1 requirement(s) left out here (tilelang==0.1.11)" in r.stdout
 
     dest = tmp_path / "site"
     u = subprocess.run(
