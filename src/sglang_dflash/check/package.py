@@ -136,24 +136,6 @@ def spec_location(spec: ModuleSpec) -> Path | None:
     return None
 
 
-def read_metadata(dist_info: Path) -> tuple[str, str] | None:
-    """(Name, Version) from METADATA headers, or None when unreadable."""
-    try:
-        text = (dist_info / "METADATA").read_text(errors="replace")
-    except OSError:
-        return None
-    name = version = ""
-    for line in text.splitlines():
-        if not line.strip():
-            break
-        key, _, value = line.partition(":")
-        if key.lower() == "name":
-            name = value.strip()
-        elif key.lower() == "version":
-            version = value.strip()
-    return (name, version) if name else None
-
-
 def dist_infos_in(site: Path, dist: str) -> list[DistInfo]:
     """dist-info directories for `dist` directly in `site` (the package's own metadata)."""
     out = []
@@ -165,7 +147,7 @@ def dist_infos_in(site: Path, dist: str) -> list[DistInfo]:
     for p in children:
         if not p.name.endswith(".dist-info") or not p.name.lower().startswith(prefix + "-"):
             continue
-        meta = read_metadata(p)
+        meta = requires.name_version(p)
         if meta and normalize(meta[0]) == normalize(dist):
             out.append(DistInfo(p, meta[0], meta[1]))
     return out

@@ -35,7 +35,8 @@ class Installed:
     dist_info: Path
 
 
-def _name_version(dist_info: Path) -> tuple[str, str] | None:
+def name_version(dist_info: Path) -> tuple[str, str] | None:
+    """(Name, Version) from a dist-info's METADATA headers, or None when unreadable."""
     try:
         head = (dist_info / "METADATA").read_text(errors="replace")
     except OSError:
@@ -55,7 +56,7 @@ def installed_distributions(entries: list[str]) -> dict[str, Installed]:
         for p in children:
             if not p.name.endswith(".dist-info"):
                 continue
-            nv = _name_version(p)
+            nv = name_version(p)
             if nv and normalize(nv[0]) not in out:
                 out[normalize(nv[0])] = Installed(nv[1], p)
     return out
