@@ -127,6 +127,7 @@ class Req:
 
     name: str
     spec: str
+    extras: tuple[str, ...] = ()  # the extras requested of it (`flashinfer_python[cu13]`)
 
     @property
     def exact(self) -> bool:
@@ -216,5 +217,7 @@ def requirements(
                     break
             if not applies:
                 continue
-        out.append(Req(name, spec))
+        wanted = tuple(sorted(normalize(e) for e in (m.group(2) or "").strip("[]").split(",")
+                              if e.strip()))
+        out.append(Req(name, spec, wanted))
     return out

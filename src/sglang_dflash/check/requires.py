@@ -1,5 +1,6 @@
-"""package.requires: is every distribution sglang declares (Requires-Dist) installed, at a
-version its specifier accepts?
+"""package.requires: is every distribution sglang needs installed, at a version the
+distribution that needs it accepts — sglang's Requires-Dist and, through the installed
+distributions' own metadata, the whole closure?
 
 A site directory assembled by hand (copied, or staged without "optional" wheels) can hold a
 complete, pinned sglang whose own dependencies are missing; the server then dies at start-up
@@ -11,6 +12,8 @@ extra are not sglang's base dependencies and are left out.
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,61 +67,95 @@ def installed_distributions(entries: list[str]) -> dict[str, Installed]:
 
 @dataclass(frozen=True)
 class Verdict:
-    """What is wrong with one distribution's declared requirements here (empty: nothing)."""
+    """What the walk found: sizes, and what is wrong (all empty: nothing)."""
 
-    declared: int
-    missing: list[str]
-    mismatched: list[str]
+    declared: int  # the root's own requirements that apply here
+    closure: int  # installed distributions reached from the root
+    missing: list[str]  # "name spec (who needs it)"
+    mismatched: list[str]  # "name version (who needs spec)"
     unreadable: list[str]
 
 
-def judge(requires: list[str], env: dict[str, str], installed: dict[str, Installed]) -> Verdict:
-    """Pure: the Requires-Dist lines that apply in ``env``, against what is installed."""
-    try:
-        reqs = requirements(requires, env)
-    except RequirementError as e:
-        return Verdict(0, [], [], [str(e)])
-    missing, mismatched, unreadable = [], [], []
-    for req in reqs:
-        have = installed.get(req.name)
-        if have is None:
-            missing.append(f"{req.name}{req.spec}")
-            continue
-        if not req.spec:
-            continue
+def walk(root: str, root_requires: list[str], env: dict[str, str],
+         installed: dict[str, Installed],
+         requires_of: Callable[[Installed], list[str] | None]) -> Verdict:
+    """Pure (given ``requires_of``): breadth-first from the root's Requires-Dist through the
+    installed distributions, each followed with the extras asked of it. A requirement is
+    reported once, with the first distribution found needing it."""
+    root_name = normalize(root)
+    seen = {(root_name, ())}
+    reached: set[str] = set()
+    missing: dict[str, str] = {}
+    mismatched: dict[tuple[str, str], str] = {}
+    unreadable: list[str] = []
+    declared = 0
+    queue: deque[tuple[str, list[str], tuple[str, ...]]] = deque([(root, root_requires, ())])
+    while queue:
+        who, lines, extras = queue.popleft()
         try:
-            ok = satisfies(have.version, req.spec)
+            reqs = requirements(lines, env, extras)
         except RequirementError as e:
-            unreadable.append(f"{req.name}: {e}")
+            unreadable.append(f"{who}: {e}")
             continue
-        if not ok:
-            mismatched.append(f"{req.name} {have.version} (needs {req.spec})")
-    return Verdict(len(reqs), missing, mismatched, unreadable)
+        if who == root:
+            declared = len(reqs)
+        for req in reqs:
+            have = installed.get(req.name)
+            if have is None:
+                missing.setdefault(req.name, f"{req.name}{req.spec} ({who})")
+                continue
+            try:
+                ok = not req.spec or satisfies(have.version, req.spec)
+            except RequirementError as e:
+                unreadable.append(f"{req.name}: {e}")
+                ok = True
+            if not ok:
+                mismatched.setdefault((req.name, who),
+                                      f"{req.name} {have.version} ({who} needs {req.spec})")
+            if req.name != root_name:
+                reached.add(req.name)
+            if (req.name, req.extras) in seen:
+                continue
+            seen.add((req.name, req.extras))
+            more = requires_of(have)
+            if more is None:
+                unreadable.append(f"{req.name}: {have.dist_info / 'METADATA'} unreadable")
+                continue
+            queue.append((req.name, more, req.extras))
+    return Verdict(declared, len(reached), list(missing.values()), list(mismatched.values()),
+                   unreadable)
+
+
+def read_requires(dist: Installed) -> list[str] | None:
+    """Requires-Dist of an installed distribution, or None when its METADATA is unreadable."""
+    try:
+        text = (dist.dist_info / "METADATA").read_text(errors="replace")
+    except OSError:
+        return None
+    return metadata_headers(text, "Requires-Dist")
 
 
 def check(dist: str, version: str, dist_info: Path, entries: list[str],
           env: dict[str, str]) -> Result:
     """The package.requires line for ``dist`` (its dist-info at ``dist_info``)."""
-    try:
-        text = (dist_info / "METADATA").read_text(errors="replace")
-    except OSError as e:
-        return failed(LAYER, NAME, f"cannot read {dist_info / 'METADATA'}: {e.strerror or e}",
+    root = read_requires(Installed(version, dist_info))
+    if root is None:
+        return failed(LAYER, NAME, f"cannot read {dist_info / 'METADATA'}",
                       f"reinstall {dist}=={version} with pip/uv/nix")
-    v = judge(metadata_headers(text, "Requires-Dist"), env, installed_distributions(entries))
-    which = f"{dist} {version}"
+    v = walk(dist, root, env, installed_distributions(entries), read_requires)
+    which = (f"{dist} {version} ({v.declared} declared requirements, {v.closure} installed "
+             f"distributions reached)")
     problems = []
     if v.missing:
         problems.append(f"{len(v.missing)} missing: {shorten(v.missing, 12)}")
     if v.mismatched:
-        problems.append(f"{len(v.mismatched)} at a version it does not accept: "
+        problems.append(f"{len(v.mismatched)} at a version not accepted: "
                         f"{shorten(v.mismatched, 5)}")
     if v.unreadable:
         problems.append(f"unreadable: {shorten(v.unreadable, 3)}")
     if problems:
-        return failed(LAYER, NAME, f"{which} declares {v.declared} requirements here; "
-                      + "; ".join(problems),
+        return failed(LAYER, NAME, f"{which}: " + "; ".join(problems),
                       f"install {dist}=={version} together with its dependencies (`uv sync "
                       f"--frozen`, `pip install {dist}=={version}`, `nix build "
                       f".#sglang-dflash`); a copied or hand-staged site dir lacks them")
-    return passed(LAYER, NAME, f"{which}: all {v.declared} declared requirements installed "
-                  f"at accepted versions")
+    return passed(LAYER, NAME, f"{which}: all installed at accepted versions")
