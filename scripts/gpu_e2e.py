@@ -31,6 +31,10 @@ T = 0.8 / top_p = 0.95 (the call-14 stall), planted (after `serve:none`) or not,
 `--sampling-backend pytorch` or, with `:flashinfer`, FlashInfer's; on a timeout it records
 running compilers, GPU utilisation and py-spy stacks, then whether a greedy request still works.
 
+`trace:<budget>`: a DDTree server (no plant) with SGLANG_DFLASH_DDTREE_TRACE: torch.profiler
+tables of the first decode round at each new batch size (short benches at c = 1 … 32), to name
+the per-process one-off cost in `prep` (docs/gpu-results.md §17).
+
 `--curve` adds, to each plant step, one short bench per rank schedule (its one prompt, c = 1
 and 8): throughput against acceptance length, one acceptance regime per point.
 
@@ -191,7 +195,7 @@ def instance_config(opts: Opts, name: str, algorithm: str, budget: int | None = 
                 "draftAttentionBackend": opts.backend}
     if algorithm == "ddtree":
         cfg["ddtree"] = {"budget": budget}
-        environment = ddtree_environment(opts, name, plant)
+        environment = ddtree_environment(opts, name, plant) | (environment or {})
     if environment is not None:
         cfg["environment"] = environment
     return cfg
@@ -675,6 +679,35 @@ def step_simacc(opts: Opts, step: str) -> dict:
     return rec
 
 
+# ---- trace:<budget> -------------------------------------------------------------------------
+
+TRACE_CONCURRENCY = "1,2,4,8,13,32"  # new batch sizes: powers of two and one padded size
+TRACE_PROMPTS = 16
+
+
+def step_trace(opts: Opts, step: str) -> dict:
+    """A DDTree server (no plant) with first-round tracing: torch.profiler tables of the first
+    round at each new batch size, to name the one-off `prep` cost of gpu-results.md §17.
+    Batch sizes come from short benches at rising concurrency."""
+    from sglang_dflash.sglang_overlay import trace as trace_mod
+
+    budget = int(step.split(":")[1])
+    name = f"trace-{budget}{opts.tag}"
+    tdir = opts.out / name
+    cfg = instance_config(opts, name, "ddtree", budget, environment={
+        trace_mod.TRACE_ENV: str(tdir), trace_mod.MAX_ENV: "16"})
+    with running_server(opts, cfg, name) as (url, rec):
+        rec["mode"] = step
+        if rec["ready_seconds"]:
+            rec["bench"] = bench_call(opts, url, opts.out / f"bench-{name}.json",
+                                      bench_prompts_file(opts.out), TRACE_CONCURRENCY,
+                                      TRACE_PROMPTS, 180.0)
+    rec["profile"] = read_jsonl(opts.out / f"profile-{name}.jsonl")
+    rec["traces"] = read_jsonl(tdir / "rounds.jsonl")
+    rec["trace_files"] = sorted(p.name for p in tdir.glob("round-bs*.txt"))
+    return rec
+
+
 # ---- seeded:<budget> ------------------------------------------------------------------------
 
 
@@ -805,6 +838,7 @@ def main() -> int:
     simaccs: dict = {}
     samples: dict = {}
     seededs: dict = {}
+    traces: dict = {}
     for step in args.steps:
         t0 = time.monotonic()
         left = opts.clock.left()
@@ -815,7 +849,7 @@ def main() -> int:
                 results[step] = {"error": f"unknown backend {backend!r}; known: "
                                           f"{', '.join(BACKENDS)}"}
             elif left < STEP_MIN_S and base.split(":")[0] in ("serve", "plant", "simacc",
-                                                               "sample", "seeded"):
+                                                               "sample", "seeded", "trace"):
                 results[step] = {"skipped": f"time budget: {left:.0f}s left"}
             elif step == "check":
                 results["check"] = step_check(args.out, env)
@@ -831,6 +865,8 @@ def main() -> int:
                 samples[step] = step_sample(sopts, base, serves)
             elif base.startswith("seeded:"):
                 seededs[step] = step_seeded(sopts, base)
+            elif base.startswith("trace:"):
+                traces[step] = step_trace(sopts, base)
             else:
                 results[step] = {"error": f"unknown step {step!r}"}
         except Exception as exc:
@@ -841,6 +877,7 @@ def main() -> int:
         results["simacc"] = simaccs
         results["sample"] = samples
         results["seeded"] = seededs
+        results["trace"] = traces
         results["compare"] = compare(serves)
         results["elapsed_s"] = round(time.monotonic() - opts.clock.t0, 1)
         # Written after every step: a call cut off at its time limit still returns the rest.
@@ -848,7 +885,7 @@ def main() -> int:
     print(json.dumps({
         "compare": results["compare"],
         "ready": {m: r.get("ready_seconds")
-                  for m, r in {**serves, **plants, **simaccs, **samples}.items()},
+                  for m, r in {**serves, **plants, **simaccs, **samples, **traces}.items()},
         "plant": {m: r.get("summary", r.get("error")) for m, r in plants.items()},
         "curve": {m: [(c["schedule"], c.get("oracle_accept_length"), c.get("tok_s_c1"),
                        c.get("tok_s_c8")) for c in r.get("curve", [])]
@@ -856,9 +893,12 @@ def main() -> int:
         "simacc": {m: r.get("accept_lengths", r.get("error")) for m, r in simaccs.items()},
         "sample": {m: r.get("sampling_smoke", r.get("error")) for m, r in samples.items()},
         "seeded": {m: r.get("summary", r.get("error")) for m, r in seededs.items()},
+        "trace": {m: [(t.get("bs"), t.get("wall_ms"), (t.get("top_ops") or [{}])[0].get("name"))
+                      for t in r.get("traces", [])] if r.get("traces") else r.get("error", [])
+                  for m, r in traces.items()},
         "errors": {k: v["error"]
                    for k, v in {**results, **serves, **plants, **simaccs,
-                                **samples, **seededs}.items()
+                                **samples, **seededs, **traces}.items()
                    if isinstance(v, dict) and "error" in v},
         "elapsed_s": results.get("elapsed_s"),
     }))

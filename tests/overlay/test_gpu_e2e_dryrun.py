@@ -194,3 +194,22 @@ def test_curve_benches_each_schedule(tmp_path):
     assert len(lines) == 1 and json.loads(lines[0])["input_ids"]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(summary["curve"]["plant:16"]) == 6
+
+
+def test_trace_step_against_standin(tmp_path):
+    """`trace:<N>`: a DDTree server with the tracing environment and benches at rising
+    concurrency; the stand-in writes no traces, so only the config, flow and shape count."""
+    proc, res = _run(tmp_path, "trace:16", "trace:x")
+    out = tmp_path / "out"
+    cfg = json.loads((out / "config-trace-16.json").read_text())
+    env = cfg["environment"]
+    assert env["SGLANG_DFLASH_DDTREE_TRACE"] == str(out / "trace-16")
+    assert env["SGLANG_DFLASH_DDTREE_TRACE_MAX"] == "16"
+    assert env["SGLANG_DFLASH_DDTREE_PROFILE"] == str(out / "profile-trace-16.jsonl")
+    rec = res["trace"]["trace:16"]
+    assert rec["ready_seconds"] and rec["bench"]["rc"] == 0, rec.get("bench")
+    bench = json.loads((out / "bench-trace-16.json").read_text())
+    assert [s["concurrency"] for s in bench["summaries"]] == [1, 2, 4, 8, 13, 32]
+    assert rec["traces"] == [] and rec["trace_files"] == []
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "trace:x" in summary["errors"] and summary["trace"]["trace:16"] == []

@@ -51,6 +51,7 @@ from sglang_dflash.ddtree.tree import build_tree, warm_up_inputs
 from sglang_dflash.sglang_overlay import plant as plant_mod
 from sglang_dflash.sglang_overlay import profile as profile_mod
 from sglang_dflash.sglang_overlay import settings
+from sglang_dflash.sglang_overlay import trace as trace_mod
 from sglang_dflash.sglang_overlay.draft_head import DraftTopKHead, draft_topk
 from sglang_dflash.sglang_overlay.verify import (
     build_verify_tensors,
@@ -173,6 +174,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._plant = self._load_plant()
         self._device_plant = None  # built at the first planted round, on the draft's device
         self._prof = self._load_profiler(budget)
+        self._tracer = self._load_tracer()
         self._warm_up_tree()
         if SIMULATE_ACC_LEN > 0:
             logger.warning("SGLANG_SIMULATE_ACC_LEN is ignored in DDTree mode (chain-only).")
@@ -237,6 +239,20 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             )
         return prof
 
+    def _load_tracer(self):
+        """First-round torch.profiler tables when SGLANG_DFLASH_DDTREE_TRACE names a dir."""
+        if self.ps.tp_rank != 0:
+            return None
+        tracer = trace_mod.from_env()
+        if tracer is not None:
+            logger.warning(
+                "DDTree first-round tracing to %s for up to %d batch sizes (%s).",
+                tracer.directory,
+                tracer.limit,
+                trace_mod.TRACE_ENV,
+            )
+        return tracer
+
     def _lm_head_shard(self):
         """(weight, num_org, vocab_start) of the target LM head, or a one-line error."""
         lm_head = getattr(self._target_worker.model_runner.model, "lm_head", None)
@@ -296,6 +312,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if not isinstance(draft_input, DFlashDraftInputV2):
             raise RuntimeError("DDTree expected DFlashDraftInputV2 state on the running batch.")
         batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
+        if self._tracer is not None:
+            with self._tracer.round(len(batch.seq_lens)):
+                return self._ddtree_round(batch, draft_input, on_publish)
         return self._ddtree_round(batch, draft_input, on_publish)
 
     def _prepare_draft_block(self, batch, draft_input, bs):
