@@ -74,7 +74,7 @@ def test_walk_reports_an_unreadable_version_and_metadata_instead_of_raising():
     assert v.missing == [] and v.mismatched == []
     assert v.unreadable == ["numpy: cannot read version 'not-a-version'"]
     gone = requires.walk("sglang", ["numpy"], LINUX, have(numpy="2.3.5"), lambda d: None)
-    assert gone.unreadable == ["numpy: /site/numpy-2.3.5.dist-info/METADATA unreadable"]
+    assert gone.unreadable == ["numpy: no readable metadata in /site/numpy-2.3.5.dist-info"]
 
 
 def test_installed_distributions_first_entry_wins_and_skips_junk(tmp_path):
@@ -189,3 +189,23 @@ def test_a_consistent_pip_install_passes_on_real_metadata():
     assert r.status == "PASS", r.found
     reached = int(r.found.split(" installed distributions reached")[0].rsplit(" ", 1)[1])
     assert reached >= 5, r.found
+
+
+def test_debian_style_egg_info_counts_and_its_requires_txt_is_followed(tmp_path):
+    """dist-packages' `*.egg-info` directories (PKG-INFO + requires.txt, sections for markers
+    and extras) are distributions too: no false "missing", and their requirements are walked."""
+    site = site_with_sglang(tmp_path, "numpy>=2", "scipy")
+    egg = site / "numpy-2.3.5.egg-info"
+    egg.mkdir()
+    (egg / "PKG-INFO").write_text("Metadata-Version: 1.2\nName: numpy\nVersion: 2.3.5\n\n")
+    scipy = site / "scipy-1.16.0.egg-info"
+    scipy.mkdir()
+    (scipy / "PKG-INFO").write_text("Metadata-Version: 1.2\nName: scipy\nVersion: 1.16.0\n")
+    (scipy / "requires.txt").write_text(
+        "numpy>=3\n\n[test]\npytest\n\n[:sys_platform == \"no-such-os\"]\nwinstuff\n")
+    _rc, res, err, _ = run_check("--layer", "package", sites=(site,))
+    line = res["package.requires"]
+    assert line["status"] == "FAIL", err
+    assert line["found"] == ("sglang 0.5.17 (2 declared requirements, 2 installed "
+                             "distributions reached): 1 at a version not accepted: "
+                             "numpy 2.3.5 (scipy needs >=3)")

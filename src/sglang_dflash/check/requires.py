@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 from sglang_dflash.check.result import Result, failed, passed, shorten
@@ -38,18 +39,30 @@ class Installed:
     dist_info: Path
 
 
-def name_version(dist_info: Path) -> tuple[str, str] | None:
-    """(Name, Version) from a dist-info's METADATA headers, or None when unreadable."""
-    try:
-        head = (dist_info / "METADATA").read_text(errors="replace")
-    except OSError:
+METADATA_FILES = ("METADATA", "PKG-INFO")  # dist-info, egg-info
+
+
+def _metadata_text(info: Path) -> str | None:
+    for name in METADATA_FILES:
+        try:
+            return (info / name).read_text(errors="replace")
+        except OSError:
+            continue
+    return None
+
+
+def name_version(info: Path) -> tuple[str, str] | None:
+    """(Name, Version) from a dist-info's METADATA (egg-info: PKG-INFO), None when unreadable."""
+    head = _metadata_text(info)
+    if head is None:
         return None
     names, versions = metadata_headers(head, "Name"), metadata_headers(head, "Version")
     return (names[0], versions[0]) if names and versions else None
 
 
 def installed_distributions(entries: list[str]) -> dict[str, Installed]:
-    """Every ``*.dist-info`` directly in a search-path entry; the first entry wins (as imports)."""
+    """Every ``*.dist-info`` / ``*.egg-info`` directory directly in a search-path entry (Debian's
+    dist-packages still installs egg-info); the first entry wins, as for imports."""
     out: dict[str, Installed] = {}
     for entry in entries:
         try:
@@ -57,7 +70,7 @@ def installed_distributions(entries: list[str]) -> dict[str, Installed]:
         except OSError:
             continue
         for p in children:
-            if not p.name.endswith(".dist-info"):
+            if not p.name.endswith((".dist-info", ".egg-info")) or not p.is_dir():
                 continue
             nv = name_version(p)
             if nv and normalize(nv[0]) not in out:
@@ -119,7 +132,7 @@ def walk(root: str, root_requires: list[str], env: dict[str, str],
             seen.add((req.name, req.extras))
             more = requires_of(have)
             if more is None:
-                unreadable.append(f"{req.name}: {have.dist_info / 'METADATA'} unreadable")
+                unreadable.append(f"{req.name}: no readable metadata in {have.dist_info}")
                 continue
             queue.append((req.name, more, req.extras))
     return Verdict(declared, len(reached), list(missing.values()), list(mismatched.values()),
@@ -127,12 +140,11 @@ def walk(root: str, root_requires: list[str], env: dict[str, str],
 
 
 def read_requires(dist: Installed) -> list[str] | None:
-    """Requires-Dist of an installed distribution, or None when its METADATA is unreadable."""
-    try:
-        text = (dist.dist_info / "METADATA").read_text(errors="replace")
-    except OSError:
+    """Requires-Dist of an installed distribution (egg-info: requires.txt, converted by
+    importlib.metadata, markers and extras kept), or None when its metadata is unreadable."""
+    if _metadata_text(dist.dist_info) is None:
         return None
-    return metadata_headers(text, "Requires-Dist")
+    return list(metadata.PathDistribution(dist.dist_info).requires or [])
 
 
 def check(dist: str, version: str, dist_info: Path, entries: list[str],
