@@ -86,13 +86,19 @@ def summarize(rounds: Sequence[RoundTimes], *, window: int, extra: Mapping[str, 
     return out
 
 
-def parse_every(raw: str | None) -> int:
-    """Rounds per flush; a missing or bad value gives the default (profiling must not fail)."""
+def positive_int_or(raw: str | None, default: int) -> int:
+    """An env value as a positive int; missing or bad gives ``default`` (a measurement aid's
+    setting must never fail the server)."""
     try:
         value = int((raw or "").strip())
     except ValueError:
-        return DEFAULT_EVERY
-    return value if value >= 1 else DEFAULT_EVERY
+        return default
+    return value if value >= 1 else default
+
+
+def parse_every(raw: str | None) -> int:
+    """Rounds per flush (SGLANG_DFLASH_DDTREE_PROFILE_EVERY)."""
+    return positive_int_or(raw, DEFAULT_EVERY)
 
 
 class RoundProfiler:

@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from sglang_dflash.sglang_overlay.profile import positive_int_or
+
 logger = logging.getLogger(__name__)
 
 TRACE_ENV = "SGLANG_DFLASH_DDTREE_TRACE"
@@ -33,12 +35,8 @@ TOP_OPS = 30
 
 
 def parse_max(raw: str | None) -> int:
-    """Batch sizes to trace; a missing or bad value gives the default (tracing must not fail)."""
-    try:
-        value = int((raw or "").strip())
-    except ValueError:
-        return DEFAULT_MAX
-    return value if value >= 1 else DEFAULT_MAX
+    """Batch sizes to trace (SGLANG_DFLASH_DDTREE_TRACE_MAX)."""
+    return positive_int_or(raw, DEFAULT_MAX)
 
 
 def top_ops(events: Any, limit: int = TOP_OPS) -> list[dict]:
