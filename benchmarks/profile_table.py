@@ -33,7 +33,6 @@ class Row:
     label: str
     bs: int
     rounds: int
-    windows: int
     p50: dict[str, float]
     first_mean: dict[str, float]
 
@@ -47,7 +46,7 @@ def rows_of(label: str, records: list[dict]) -> list[Row]:
     for bs in sorted(by_bs):
         group = by_bs[bs]
         out.append(Row(
-            label=label, bs=bs, rounds=sum(int(r["rounds"]) for r in group), windows=len(group),
+            label=label, bs=bs, rounds=sum(int(r["rounds"]) for r in group),
             p50={s: statistics.median(r["ms"][s]["p50"] for r in group) for s in STAGES},
             first_mean={s: group[0]["ms"][s]["mean"] for s in STAGES},
         ))
