@@ -12,6 +12,7 @@ extra are not sglang's base dependencies and are left out.
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -142,8 +143,8 @@ def walk(root: str, root_requires: list[str], env: dict[str, str],
 def read_requires(dist: Installed) -> list[str] | None:
     """Requires-Dist of an installed distribution (egg-info: requires.txt, converted by
     importlib.metadata, markers and extras kept), or None when its metadata is unreadable."""
-    if _metadata_text(dist.dist_info) is None:
-        return None
+    if not any(os.access(dist.dist_info / n, os.R_OK) for n in METADATA_FILES):
+        return None  # tested, not read: PathDistribution reads it once below
     return list(metadata.PathDistribution(dist.dist_info).requires or [])
 
 
