@@ -19,6 +19,7 @@ from sglang_dflash.unit import (
     quote_exec_arg,
     render_unit,
 )
+from tests.unit.systemd_tools import analyze_verify, package_prefix
 
 ROOT = Path(__file__).parents[2]
 MODULE = ROOT / "modules" / "sglang-dflash.nix"
@@ -146,23 +147,13 @@ def test_systemd_analyze_exposure_within_target(tmp_path, variant):
 
 def test_systemd_analyze_verify_accepts_the_unit(tmp_path, visible_tmp):
     """systemd's own parser: only the keys newer than this systemd may be reported."""
-    analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.skip("systemd-analyze is not installed (apt-get install systemd)")
     prefix = visible_tmp / "prefix"
-    (prefix / "bin").mkdir(parents=True)
-    exe = prefix / "bin" / "sglang-dflash"
-    exe.write_text("#!/bin/sh\n")
-    exe.chmod(0o755)
+    package_prefix(prefix)
     unit = tmp_path / "sglang-dflash-qwen.service"
     unit.write_text(render({"apiKeyFile": "/etc/k"}, package_path=str(prefix),
                            environment_file="/etc/sglang/env"))
-    r = subprocess.run([analyze, "verify", "--man=no", str(unit)], capture_output=True,
-                       text=True, timeout=60, cwd=tmp_path)
-    assert r.returncode == 0, r.stdout + r.stderr
-    newer = ("RestartSteps", "RestartMaxDelaySec")  # systemd >= 254
-    problems = [ln for ln in (r.stdout + r.stderr).splitlines()
-                if ln.strip() and not any(f"Unknown key '{k}'" in ln for k in newer)]
+    rc, problems, output = analyze_verify(unit, tmp_path)
+    assert rc == 0, output
     assert problems == []
 
 

@@ -8,7 +8,6 @@ which would start a new directive; names systemd itself refuses).
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 
 from sglang_dflash.config import parse_config
 from sglang_dflash.unit import UnitError, UnitOptions, render_unit
+from tests.unit.systemd_tools import analyze_verify, package_prefix
 
 BASE = {"name": "qwen", "model": "Qwen/Qwen3-8B", "draftModel": "z-lab/d",
         "algorithm": "ddtree", "gpus": [0]}
@@ -123,22 +123,12 @@ def test_cli_refuses_a_bad_user_in_one_line(tmp_path):
 
 def test_systemd_resolves_an_odd_executable_path(tmp_path, visible_tmp):
     """systemd-analyze verify checks ExecStart's executable exists: $ and % must survive."""
-    analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.skip("systemd-analyze is not installed (apt-get install systemd)")
     prefix = visible_tmp / "pre fix 50%n $X"
-    (prefix / "bin").mkdir(parents=True)
-    exe = prefix / "bin" / "sglang-dflash"
-    exe.write_text("#!/bin/sh\n")
-    exe.chmod(0o755)
+    exe = package_prefix(prefix)
     unit = tmp_path / "sglang-dflash-qwen.service"
     cfg = parse_config({**BASE, "apiKeyFile": "/etc/k 50%i"})
     unit.write_text(render_unit(cfg, ODD, UnitOptions(package_path=str(prefix),
                                                       environment_file="/etc/e 50%h")))
-    r = subprocess.run([analyze, "verify", "--man=no", str(unit)], capture_output=True,
-                       text=True, timeout=60, cwd=tmp_path)
-    newer = ("RestartSteps", "RestartMaxDelaySec")  # systemd >= 254
-    problems = [ln for ln in (r.stdout + r.stderr).splitlines()
-                if ln.strip() and not any(f"Unknown key '{k}'" in ln for k in newer)]
-    assert r.returncode == 0 and problems == [], problems
+    rc, problems, _output = analyze_verify(unit, tmp_path)
+    assert rc == 0 and problems == [], problems
     assert Path(exe).exists()
