@@ -100,6 +100,11 @@ def main(model: str, draft: str) -> dict:
     out["args_pp2"] = {"widths": widths(s), "error": err}
     s, err = server_args(model, draft, speculative_dflash_block_size=1)
     out["args_block1"] = {"widths": widths(s), "error": err}
+    for label, value in [("bad_policy", "greedy"), ("adaptive", "adaptive")]:
+        os.environ["SGLANG_DFLASH_DDTREE_POLICY"] = value
+        s, err = server_args(model, draft)
+        out[f"args_{label}"] = {"widths": widths(s), "error": err}
+    os.environ.pop("SGLANG_DFLASH_DDTREE_POLICY")
     os.environ["SGLANG_DFLASH_DDTREE_PLANT"] = os.path.join(model, "no-such-plant.json")
     try:
         s, err = server_args(model, draft)
@@ -246,6 +251,28 @@ def main(model: str, draft: str) -> dict:
         "regex_unset": with_env(
             None, lambda: dflash_utils.validate_dflash_request(req(regex="a+"), True)
         ),
+    }
+    # --- what adaptive DDTree calls to capture one more verify width (worker._init_budget_targets)
+    import inspect
+
+    from sglang.srt.arg_groups.arg_utils import namespace_of
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.server_args import ServerArgs
+
+    nsmap = namespace_of(ServerArgs)
+    out["adaptive_api"] = {
+        "override_fields": {
+            f: nsmap.get(f)
+            for f in ("speculative_num_draft_tokens", "cuda_graph_bs_decode", "disable_cuda_graph")
+        },
+        "runner_kwargs": sorted(
+            p for p in inspect.signature(DecodeCudaGraphRunner.__init__).parameters
+            if p in ("attn_backend", "speculative_num_draft_tokens")
+        ),
+        "attention_backend_kwargs": list(
+            inspect.signature(ModelRunner._get_attention_backend).parameters
+        ),
+        "runner_reads_workspace_flag": "self.init_new_workspace" in inspect.getsource(ModelRunner),
     }
     return out
 

@@ -82,8 +82,10 @@ def _run_script(py: Path, script: str, args: list[str], env: dict, cwd: Path | N
     return data
 
 
-def _run_probe(py: Path, models: Path, budget: str | None) -> dict:
+def _run_probe(py: Path, models: Path, budget: str | None, **extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in (BUDGET, "SGLANG_PLUGINS")}
+    env.pop("SGLANG_DFLASH_DDTREE_POLICY", None)
+    env.update(extra)
     if budget is not None:
         env[BUDGET] = budget
     return _run_script(py, "sglang_probe.py", [str(models / "target"), str(models / "draft")],
@@ -185,6 +187,22 @@ def test_worker_class_and_widths(probes):
     assert on["worker"] == "DDTreeWorkerV2"
     assert on["worker_eagle"] == "EAGLEWorkerV2"
     assert on["tokens_per_req"] == {"draft": 16, "target": 32, "draft_unset": 32}
+
+
+def test_adaptive_budget_capture_uses_sglang_0_5_17_api(probes):
+    """The calls adaptive DDTree makes to capture another verify width exist in this SGLang."""
+    api = probes["on"]["adaptive_api"]
+    assert all(api["override_fields"].values()), api["override_fields"]
+    assert api["runner_kwargs"] == ["attn_backend", "speculative_num_draft_tokens"]
+    assert api["attention_backend_kwargs"] == ["self", "init_new_workspace"]
+    assert api["runner_reads_workspace_flag"]
+
+
+def test_invalid_policy_fails_in_the_launcher_with_one_line(probes):
+    _one_line_error(probes["on"]["args_bad_policy"], "SGLANG_DFLASH_DDTREE_POLICY",
+                    "expected 'fixed'")
+    assert probes["on"]["args_adaptive"]["widths"] == [32, 16]  # N+1 stays the largest width
+    assert probes["off"]["args_bad_policy"]["error"] is None  # no budget: the hook is a no-op
 
 
 def test_cuda_graph_inputs_carry_mask_for_target_only(probes):

@@ -261,3 +261,32 @@ def _finish(tokens, parents, depths, ranks, scores, valid, seq_lens, depth_max) 
         num_nodes=valid.sum(1),
         max_depth=depth_max,
     )
+
+
+def root_tree(root_tokens: torch.Tensor, seq_lens: torch.Tensor, max_depth: int) -> DDTree:
+    """The budget-0 tree: the root (bonus token) alone, width 1.
+
+    Verifying it is a plain decoding step (the target's choice after the root is the one
+    committed token), so an adaptive round that stops paying for a draft runs through the same
+    verify, walk and commit code as every other round. ``max_depth`` stays the drafter's L so
+    the walk's outputs keep their ``[bs, L+1]`` shape.
+    """
+    bs = root_tokens.shape[0]
+    dev = root_tokens.device
+    col = torch.zeros(bs, 1, dtype=torch.long, device=dev)
+    none = torch.full((bs, 1), -1, dtype=torch.long, device=dev)
+    return DDTree(
+        tokens=root_tokens.long().view(bs, 1),
+        parents=none,
+        depths=col,
+        ranks=col,
+        scores=torch.zeros(bs, 1, dtype=torch.float32, device=dev),
+        visibility=torch.ones(bs, 1, 1, dtype=torch.bool, device=dev),
+        retrieve_index=torch.arange(bs, dtype=torch.long, device=dev).view(bs, 1),
+        next_token=none,
+        next_sibling=none,
+        positions=seq_lens.long().view(bs, 1).to(dev),
+        valid=torch.ones(bs, 1, dtype=torch.bool, device=dev),
+        num_nodes=torch.ones(bs, dtype=torch.long, device=dev),
+        max_depth=int(max_depth),
+    )

@@ -74,6 +74,7 @@ def handle_dflash(original, server_args):
     reason = settings.unsupported_reason(facts, budget)
     if reason is not None:
         raise settings.DDTreeConfigError(reason)
+    settings.policy_from_env(budget)  # a bad policy fails here, in the launcher
     plant_path = os.environ.get(settings.PLANT_ENV, "").strip()
     if plant_path:
         load_plant(plant_path)  # fail at startup, in the launcher, on a bad file

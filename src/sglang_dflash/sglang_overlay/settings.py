@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 BUDGET_ENV = "SGLANG_DFLASH_DDTREE_BUDGET"
 PLANT_ENV = "SGLANG_DFLASH_DDTREE_PLANT"
+POLICY_ENV = "SGLANG_DFLASH_DDTREE_POLICY"
 
 # One CUDA thread per tree node in SGLang's tree kernels (reconstruct_indices_from_tree_mask,
 # verify_tree_greedy) caps the verify width N+1 at 1024.
@@ -77,6 +78,18 @@ def budget_from_env(environ: Mapping[str, str] | None = None) -> int | None:
     """Read and validate the switch; None means stock DFlash."""
     env = os.environ if environ is None else environ
     return parse_budget(env.get(BUDGET_ENV))
+
+
+def policy_from_env(budget: int, environ: Mapping[str, str] | None = None):
+    """The budget policy (``policy.PolicySpec``): fixed N unless SGLANG_DFLASH_DDTREE_POLICY
+    says adaptive; a bad value is a one-line DDTreeConfigError."""
+    from sglang_dflash.sglang_overlay import policy
+
+    env = os.environ if environ is None else environ
+    try:
+        return policy.parse_policy(env.get(POLICY_ENV), budget, POLICY_ENV)
+    except policy.PolicyError as exc:
+        raise DDTreeConfigError(str(exc)) from None
 
 
 def is_requested(environ: Mapping[str, str] | None = None) -> bool:

@@ -13,6 +13,8 @@ Imports SGLang: only loaded inside an SGLang process (``create_worker`` hook).
 
 from __future__ import annotations
 
+import bisect
+import json
 import logging
 import os
 import time
@@ -47,8 +49,10 @@ from sglang.srt.speculative.spec_utils import (
 )
 from sglang.srt.utils import is_cuda, is_hip
 
-from sglang_dflash.ddtree.tree import build_tree, warm_up_inputs
+from sglang_dflash.ddtree.tree import build_tree, root_tree, warm_up_inputs
+from sglang_dflash.sglang_overlay import adaptive as adaptive_mod
 from sglang_dflash.sglang_overlay import plant as plant_mod
+from sglang_dflash.sglang_overlay import policy as policy_mod
 from sglang_dflash.sglang_overlay import profile as profile_mod
 from sglang_dflash.sglang_overlay import settings
 from sglang_dflash.sglang_overlay import trace as trace_mod
@@ -64,6 +68,9 @@ from sglang_dflash.sglang_overlay.verify import (
 )
 
 logger = logging.getLogger(__name__)
+
+# Rounds between two log lines of the adaptive policy's state (rank 0).
+POLICY_LOG_EVERY = 500
 
 
 def _renorm_kernels(sampling_backend, device):
@@ -171,6 +178,20 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._topk_head: DraftTopKHead | None = None
         vocab = int(target_worker.model_runner.model_config.vocab_size)
         self._topk_k = min(budget, vocab)
+        self._policy_spec = settings.policy_from_env(budget)
+        self._policy = None
+        self._budgets: tuple[int, ...] = (budget,)
+        if self._policy_spec.adaptive:
+            self._policy = policy_mod.AdaptivePolicy(self._policy_spec.schedule)
+            self._budgets = self._policy_spec.schedule.budgets()
+        # budget -> (target attention backend, target CUDA-graph runner); filled in
+        # init_cuda_graphs. The server's own pair (width N+1) is the largest budget's.
+        self._targets: dict[int, tuple[Any, Any]] = {}
+        self._graph_bs: list[int] = []
+        self._meter = self._load_meter()
+        self._budget_tensors: dict[tuple[int, int], tuple[tuple[int, ...], Any]] = {}
+        self._active_budget = budget
+        self._policy_rounds = 0
         self._plant = self._load_plant()
         self._device_plant = None  # built at the first planted round, on the draft's device
         self._prof = self._load_profiler(budget)
@@ -180,11 +201,13 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             logger.warning("SGLANG_SIMULATE_ACC_LEN is ignored in DDTree mode (chain-only).")
         if self.ps.tp_rank == 0:
             logger.info(
-                "DDTree mode: budget N=%d, verify width %d, draft width %d, top-K %d.",
+                "DDTree mode: budget N=%d, verify width %d, draft width %d, top-K %d, "
+                "policy %s.",
                 budget,
                 self.ddtree.verify_width,
                 self.block_size,
                 self._topk_k,
+                self._policy_spec.describe(),
             )
 
     # ---- setup ---------------------------------------------------------------------------
@@ -197,11 +220,21 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         specialise on bs).
         """
         t0 = time.monotonic()
-        build_tree(*warm_up_inputs(self.ddtree.max_depth, self._topk_k, self.device),
-                   self.ddtree.budget)
+        for n in self._budgets:  # one compile per (L, budget)
+            if n > 0:
+                build_tree(*warm_up_inputs(self.ddtree.max_depth, self._topk_k, self.device), n)
         if is_cuda():
             torch.cuda.synchronize(self.device)
         logger.info("DDTree tree builder ready in %.2f s.", time.monotonic() - t0)
+
+    def _load_meter(self):
+        """Round counters for the adaptive policy (None with a fixed budget)."""
+        if self._policy is None:
+            return None
+        if is_cuda():
+            factory = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
+            return adaptive_mod.RoundMeter(factory, pin=True)
+        return adaptive_mod.RoundMeter(profile_mod.HostEvent, pin=False)
 
     def _load_plant(self):
         path = os.environ.get(settings.PLANT_ENV, "").strip()
@@ -292,6 +325,110 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         super().init_cuda_graphs()
         if self._draft_sampler is not None and self._draft_sampler is not self._topk_head:
             raise RuntimeError("DDTree draft head was not installed")
+        self._init_budget_targets()
+
+    def _init_budget_targets(self):
+        """One target attention backend + verify CUDA graphs per candidate budget.
+
+        SGLang captured the target's verify graphs at width N+1 (the largest budget) before
+        this worker existed; every smaller candidate gets its own backend (new workspace) and
+        ``DecodeCudaGraphRunner`` at width n+1, captured only at the batch sizes whose schedule
+        range lists n. This is how SGLang's own adaptive EAGLE builds its runtime states
+        (``EAGLEWorkerV2.build_adaptive_runtime_state``, sglang 0.5.17).
+        """
+        mr = self._target_worker.model_runner
+        runner = mr.decode_cuda_graph_runner
+        self._targets = {self.ddtree.budget: (mr.attn_backend, runner)}
+        self._graph_bs = sorted(int(b) for b in getattr(runner, "capture_bs", []) or [])
+        if self._policy is None:
+            return
+        from sglang.srt.model_executor.runner.decode_cuda_graph_runner import (
+            DecodeCudaGraphRunner,
+        )
+        from sglang.srt.runtime_context import get_context, get_exec, get_spec
+
+        schedule = self._policy_spec.schedule
+        spec_width = get_spec().speculative_num_draft_tokens
+        graph_cfg = get_exec().graph
+        saved_bs, saved_disable = graph_cfg.cuda_graph_bs_decode, graph_cfg.disable_cuda_graph
+        for n in self._budgets:
+            if n == self.ddtree.budget:
+                continue
+            t0 = time.monotonic()
+            capture = schedule.capture_bs(n, self._graph_bs) if runner is not None else []
+            get_context().override(
+                "ddtree.budget_capture",
+                speculative_num_draft_tokens=n + 1,
+                cuda_graph_bs_decode=capture,
+                **({"disable_cuda_graph": True} if not capture else {}),
+            )
+            try:
+                saved_ws = mr.init_new_workspace
+                try:
+                    backend = mr._get_attention_backend(init_new_workspace=True)
+                finally:
+                    mr.init_new_workspace = saved_ws
+                graphs = None
+                if capture:
+                    graphs = DecodeCudaGraphRunner(
+                        mr, attn_backend=backend, speculative_num_draft_tokens=n + 1
+                    )
+            finally:
+                get_context().override(
+                    "ddtree.budget_restore",
+                    speculative_num_draft_tokens=spec_width,
+                    cuda_graph_bs_decode=saved_bs,
+                    disable_cuda_graph=saved_disable,
+                )
+            self._targets[n] = (backend, graphs)
+            if self.ps.tp_rank == 0:
+                logger.info(
+                    "DDTree adaptive: budget %d (verify width %d) ready in %.1f s, graphs at "
+                    "bs %s.", n, n + 1, time.monotonic() - t0, capture or "none (eager)",
+                )  # fmt: skip
+
+    def _padded_bs(self, bs: int) -> int:
+        """The CUDA-graph batch size a batch of ``bs`` runs at (bs itself past the graphs)."""
+        idx = bisect.bisect_left(self._graph_bs, bs)
+        return self._graph_bs[idx] if idx < len(self._graph_bs) else bs
+
+    def _choose_budget(self, bs: int) -> tuple[int, int]:
+        """(budget, slot key) for this round: the fixed N, or the policy's choice."""
+        if self._policy is None:
+            return self.ddtree.budget, bs
+        for rec in self._meter.drain():
+            self._policy.observe(rec.key, rec.ran, rec.accept_by_budget, rec.cost_ms)
+        key = self._padded_bs(bs)
+        n = self._policy.choose(key).budget
+        self._policy_rounds += 1
+        if self.ps.tp_rank == 0 and self._policy_rounds % POLICY_LOG_EVERY == 0:
+            logger.info("DDTree adaptive policy: %s", json.dumps(self.policy_summary()))
+        if n != self._active_budget:
+            backend, graphs = self._targets[n]
+            mr = self._target_worker.model_runner
+            mr.attn_backend = backend
+            mr.decode_cuda_graph_runner = graphs
+            self._active_budget = n
+        return n, key
+
+    def _counted_budgets(self, key: int, ran: int) -> tuple[tuple[int, ...], Any]:
+        """Candidates 1..ran of slot ``key`` and the same as a device tensor (cached: a fresh
+        host-to-device copy each round would wait for the stream)."""
+        cache = self._budget_tensors
+        hit = cache.get((key, ran))
+        if hit is None:
+            cands = tuple(n for n in self._policy.schedule.candidates(key) if 0 < n <= ran)
+            hit = (cands, torch.tensor(cands, dtype=torch.long, device=self.device))
+            cache[(key, ran)] = hit
+        return hit
+
+    def policy_summary(self) -> dict:
+        """The policy and what each batch size has learnt (logged; read by diagnostics)."""
+        out = {"policy": self._policy_spec.describe(), "budget": self.ddtree.budget}
+        if self._policy is not None:
+            out["slots"] = self._policy.summary()
+            out["dropped_rounds"] = self._meter.dropped
+        return out
 
     # ---- one round -------------------------------------------------------------------------
 
@@ -429,17 +566,31 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
     def _ddtree_round(self, batch, draft_input, on_publish):
         bs = len(batch.seq_lens)
-        width = self.ddtree.verify_width
+        budget, key = self._choose_budget(bs)
+        width = budget + 1
         prefix_lens = batch.seq_lens
         prof = self._prof
+        meter = self._meter
+        if meter is not None:
+            meter.begin()
         if prof is not None:
             prof.mark(0, bs)
-        logp, ids, block_ids, positions_2d, cache_loc_2d = self._draft_topk(batch, draft_input, bs)
+        if budget > 0:
+            logp, ids, block_ids, positions_2d, cache_loc_2d = self._draft_topk(
+                batch, draft_input, bs
+            )
+        else:  # no draft this round: only the block's slots, for the drafter's KV commit
+            block_ids, positions_2d, cache_loc_2d = self._prepare_draft_block(
+                batch, draft_input, bs
+            )
         if prof is not None:
             prof.mark(1)
 
         # --- tree on the GPU, verify inputs, no host sync.
-        tree = build_tree(logp, ids, block_ids[:, 0], prefix_lens, self.ddtree.budget)
+        if budget > 0:
+            tree = build_tree(logp, ids, block_ids[:, 0], prefix_lens, budget)
+        else:
+            tree = root_tree(block_ids[:, 0], prefix_lens, self.ddtree.max_depth)
         if prof is not None:
             prof.mark(2)
         verify_loc = assign_extend_cache_locs_func(
@@ -549,6 +700,12 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         logits_output.hidden_states = None
         if prof is not None:
             prof.mark(5)
+        if meter is not None:
+            cands = self._counted_budgets(key, budget)
+            counts = (
+                adaptive_mod.path_counts(acc.accept_index, width, cands[1]) if cands[0] else None
+            )
+            meter.end(key, budget, bs, cands[0], counts)
 
         return GenerationBatchResult(
             logits_output=logits_output,

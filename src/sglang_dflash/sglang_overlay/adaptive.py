@@ -1,0 +1,112 @@
+"""Adaptive DDTree's device side: per-round counters and timings without a host sync.
+
+Each round leaves, on the GPU, the number of accepted path nodes each smaller budget would have
+kept (``path_counts``) and two timing events; ``RoundMeter`` copies the counters into pinned
+host memory asynchronously and hands a round to the policy only once its end event has
+completed (``Event.query``), a few rounds later. Nothing here waits for the GPU: a round whose
+copy is not done stays queued, and the oldest is dropped if the queue is full.
+Imports torch only (no SGLang): tested on the CPU with host events.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+def path_counts(accept_index: torch.Tensor, width: int, budgets: torch.Tensor) -> torch.Tensor:
+    """Sum over the batch of accepted path nodes with local index in 1..n, per budget n.
+
+    ``accept_index`` is the walk's ``[bs, L+1]`` global node index (b*W + i, root first, -1
+    padding). Under budget n the tree keeps nodes 1..n (pop order), so a request's accept
+    length at n is 1 + its count; the mean over the batch is 1 + sum / bs.
+    """
+    bs = accept_index.shape[0]
+    base = torch.arange(bs, device=accept_index.device).view(bs, 1) * int(width)
+    local = torch.where(accept_index >= 0, accept_index.long() - base, -1)[:, 1:]
+    hit = (local.unsqueeze(-1) >= 1) & (local.unsqueeze(-1) <= budgets.view(1, 1, -1))
+    return hit.sum(dim=(0, 1)).to(torch.float32)
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """One finished round, as the policy reads it."""
+
+    key: int  # padded batch size (the slot)
+    ran: int  # budget the round used
+    bs: int
+    accept_by_budget: dict[int, float]  # mean accept length per budget <= ran
+    cost_ms: float
+
+
+@dataclass
+class _Pending:
+    key: int
+    ran: int
+    bs: int
+    budgets: tuple[int, ...]
+    host: torch.Tensor
+    start: object
+    end: object
+
+
+class RoundMeter:
+    """Queue of in-flight rounds: ``begin()`` before the round, ``end(...)`` after its commit,
+    ``drain()`` returns the rounds whose results have reached the host."""
+
+    def __init__(
+        self,
+        event_factory: Callable[[], object],
+        *,
+        pin: bool,
+        depth: int = 8,
+    ):
+        self._event = event_factory
+        self._pin = pin
+        self._queue: deque[_Pending] = deque()
+        self._depth = depth
+        self._start = None
+        self.dropped = 0
+
+    def begin(self) -> None:
+        ev = self._event()
+        ev.record()
+        self._start = ev
+
+    def end(
+        self,
+        key: int,
+        ran: int,
+        bs: int,
+        budgets: Sequence[int],
+        counts: torch.Tensor | None,
+    ) -> None:
+        """Queue this round; ``counts`` is ``path_counts`` for ``budgets`` (None for ran=0)."""
+        if self._start is None:
+            return
+        host = torch.empty(len(budgets), dtype=torch.float32, pin_memory=self._pin)
+        if counts is not None and len(budgets):
+            host.copy_(counts, non_blocking=self._pin)
+        ev = self._event()
+        ev.record()
+        if len(self._queue) >= self._depth:
+            self._queue.popleft()
+            self.dropped += 1
+        self._queue.append(_Pending(key, ran, bs, tuple(budgets), host, self._start, ev))
+        self._start = None
+
+    def drain(self) -> list[RoundRecord]:
+        out: list[RoundRecord] = []
+        while self._queue:
+            p = self._queue[0]
+            query = getattr(p.end, "query", None)
+            if query is not None and not query():
+                break
+            self._queue.popleft()
+            sums = p.host.tolist()
+            acc = {n: 1.0 + s / max(1, p.bs) for n, s in zip(p.budgets, sums, strict=True)}
+            out.append(RoundRecord(p.key, p.ran, p.bs, acc, float(p.start.elapsed_time(p.end))))
+        return out

@@ -1,0 +1,347 @@
+"""Adaptive DDTree: which node budget each decode round uses. Pure Python, no torch or SGLang.
+
+A round at budget n costs about verify(bs x (n+1)) + draft + tree and earns its accept length;
+n = 0 is a round without a draft (a one-node verify: plain decoding, the drafter's KV still
+appended). A fixed budget that suits bs = 1 loses to no speculation at bs = 32, and a drafter
+that earns nothing makes every round a loss, so the budget is chosen per round:
+
+* The **schedule** lists, per batch-size range, the candidate budgets. Each candidate width has
+  its own target CUDA graphs, captured only for the batch sizes whose range lists it (a
+  budget a range never uses costs no capture time or memory there).
+* For every padded batch size (the CUDA graph that runs) a **slot** keeps an EMA of the accept
+  length each candidate *would* have earned and an EMA of each candidate's measured round time.
+  Counterfactual accept lengths are exact for every budget up to the one that ran: the tree of
+  budget n is the first n nodes of a larger tree (best-first pop order, parents first), so the
+  accepted path under n is the part of the walked path with node index <= n.
+* The slot picks the candidate with the most tokens per millisecond. Budgets above the running
+  one are unseen, so the slot runs its largest candidate once every ``probe`` rounds; the probe
+  interval doubles while probes confirm the choice (the probing overhead falls to <1 %).
+
+Losslessness does not depend on any of this: every round is verified by the target whatever
+its width. ``auto_schedule`` is the default derived from the measured verify cost (a round's
+cost is flat up to a few hundred verified tokens and then grows with them: docs/ddtree.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+POLICY_FIXED = "fixed"
+POLICY_ADAPTIVE = "adaptive"
+
+# Budgets tried by the automatic schedule (the configured N is always added): 2^k - 1, so the
+# verify widths are powers of two.
+LADDER = (3, 7, 15, 31, 63, 127, 255, 511, 1023)
+# Verified tokens per round (bs x (n+1)) above which the automatic schedule stops offering a
+# budget at that batch size: the verify forward's cost grows with its tokens beyond a few hundred
+# (H200, 8B-shaped Qwen3: docs/ddtree.md "Choosing the budget N").
+AUTO_TOKEN_CAP = 512
+AUTO_MAX_BS = 1024
+
+
+class PolicyError(ValueError):
+    """A policy string or schedule that cannot be served; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Candidate budgets per batch-size range: ``((min_bs, (n, ...)), ...)``, min_bs ascending.
+
+    A batch of size bs uses the entry with the largest ``min_bs <= bs``; the first entry must
+    start at 1, every candidate list is sorted and unique, and the largest candidate overall is
+    the server's budget N (its verify width N+1 is SGLang's ``speculative_num_draft_tokens``).
+    """
+
+    entries: tuple[tuple[int, tuple[int, ...]], ...]
+
+    def candidates(self, bs: int) -> tuple[int, ...]:
+        chosen = self.entries[0][1]
+        for min_bs, cands in self.entries:
+            if bs >= min_bs:
+                chosen = cands
+            else:
+                break
+        return chosen
+
+    def budgets(self) -> tuple[int, ...]:
+        """Every candidate of every range, ascending: one set of verify graphs each."""
+        return tuple(sorted({n for _, cands in self.entries for n in cands}))
+
+    @property
+    def max_budget(self) -> int:
+        return self.budgets()[-1]
+
+    def capture_bs(self, budget: int, graph_bs: Iterable[int]) -> list[int]:
+        """The CUDA-graph batch sizes at which ``budget`` can run (those whose range lists it)."""
+        return [b for b in sorted(graph_bs) if budget in self.candidates(b)]
+
+    def render(self) -> str:
+        """The canonical text form, ``1:0,7,15;8:0,3`` (parse(render(s)) == s)."""
+        return ";".join(f"{b}:{','.join(str(n) for n in c)}" for b, c in self.entries)
+
+
+def validate_entries(
+    entries: Sequence[tuple[int, Sequence[int]]], max_budget: int, where: str
+) -> Schedule:
+    """A Schedule from raw (min_bs, candidates) pairs, or a one-line PolicyError."""
+    if not entries:
+        raise PolicyError(f"{where}: the schedule is empty")
+    out: list[tuple[int, tuple[int, ...]]] = []
+    last = 0
+    for min_bs, cands in entries:
+        if not isinstance(min_bs, int) or min_bs < 1:
+            raise PolicyError(f"{where}: batch size {min_bs!r} is not an integer >= 1")
+        if min_bs <= last:
+            raise PolicyError(f"{where}: batch sizes must ascend; {min_bs} follows {last}")
+        last = min_bs
+        values = list(cands)
+        if not values:
+            raise PolicyError(f"{where}: batch size {min_bs} has no candidate budget")
+        for n in values:
+            if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= max_budget:
+                raise PolicyError(
+                    f"{where}: budget {n!r} at batch size {min_bs} is outside 0..{max_budget} "
+                    "(0 = no draft; the largest is the server's ddtree budget N)"
+                )
+        out.append((min_bs, tuple(sorted(set(values)))))
+    if out[0][0] != 1:
+        raise PolicyError(f"{where}: the first range must start at batch size 1, not {out[0][0]}")
+    sched = Schedule(tuple(out))
+    if sched.max_budget != max_budget:
+        raise PolicyError(
+            f"{where}: no range lists the server's budget N={max_budget} (largest candidate is "
+            f"{sched.max_budget}); lower ddtree.budget to it or list it"
+        )
+    return sched
+
+
+def parse_schedule(text: str, max_budget: int, where: str = "schedule") -> Schedule:
+    """``"1:0,7,15;8:0,3,7;32:0,3"`` -> Schedule."""
+    entries: list[tuple[int, list[int]]] = []
+    for part in text.split(";"):
+        part = part.strip()
+        if not part:
+            continue
+        head, sep, tail = part.partition(":")
+        if not sep:
+            raise PolicyError(f"{where}: {part!r} is not '<batch size>:<budget>,<budget>...'")
+        try:
+            min_bs = int(head.strip(), 10)
+            cands = [int(x.strip(), 10) for x in tail.split(",") if x.strip()]
+        except ValueError:
+            raise PolicyError(f"{where}: {part!r} holds a non-integer") from None
+        entries.append((min_bs, cands))
+    return validate_entries(entries, max_budget, where)
+
+
+def auto_schedule(max_budget: int, token_cap: int = AUTO_TOKEN_CAP) -> Schedule:
+    """The default: budgets 0, the ladder below N, and N, each offered where bs x (n+1) fits.
+
+    Every range keeps 0 (no draft) and its smallest positive budget, so a weak drafter or a
+    large batch can always fall back, and a strong drafter always has a tree to grow from.
+    """
+    if max_budget < 1:
+        raise PolicyError(f"auto schedule: budget {max_budget} < 1")
+    if token_cap < 2:
+        raise PolicyError(f"auto schedule: token cap {token_cap} < 2")
+    # ladder steps close to N (63 beside 64) would add graphs for no choice
+    ladder = [n for n in LADDER if n <= 0.75 * max_budget] + [max_budget]
+    entries: list[tuple[int, tuple[int, ...]]] = []
+    bs = 1
+    while bs <= AUTO_MAX_BS:
+        fit = [n for n in ladder if bs * (n + 1) <= token_cap] or [ladder[0]]
+        if bs == 1 and max_budget not in fit:
+            fit.append(max_budget)  # the configured N runs at least at bs = 1
+        cands = (0, *fit)
+        if not entries or entries[-1][1] != cands:
+            entries.append((bs, cands))
+        bs *= 2
+    return Schedule(tuple(entries))
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """The resolved ``SGLANG_DFLASH_DDTREE_POLICY``: fixed N, or adaptive with a schedule."""
+
+    kind: str
+    schedule: Schedule | None = None
+
+    @property
+    def adaptive(self) -> bool:
+        return self.kind == POLICY_ADAPTIVE
+
+    def describe(self) -> str:
+        if not self.adaptive or self.schedule is None:
+            return POLICY_FIXED
+        return f"{POLICY_ADAPTIVE} {self.schedule.render()}"
+
+
+def parse_policy(raw: str | None, max_budget: int, env_name: str) -> PolicySpec:
+    """``fixed`` (default), ``adaptive`` (auto schedule), ``adaptive:auto:<cap>`` or
+    ``adaptive:<schedule>``."""
+    text = (raw or "").strip()
+    if text in ("", POLICY_FIXED):
+        return PolicySpec(POLICY_FIXED)
+    head, _, rest = text.partition(":")
+    if head != POLICY_ADAPTIVE:
+        raise PolicyError(
+            f"{env_name}={raw!r}: expected 'fixed', 'adaptive', 'adaptive:auto:<token cap>' or "
+            "'adaptive:<min bs>:<budgets>;...'"
+        )
+    rest = rest.strip()
+    if rest in ("", "auto"):
+        return PolicySpec(POLICY_ADAPTIVE, auto_schedule(max_budget))
+    if rest.startswith("auto:"):
+        try:
+            cap = int(rest[5:], 10)
+        except ValueError:
+            raise PolicyError(f"{env_name}={raw!r}: token cap is not an integer") from None
+        return PolicySpec(POLICY_ADAPTIVE, auto_schedule(max_budget, cap))
+    return PolicySpec(POLICY_ADAPTIVE, parse_schedule(rest, max_budget, env_name))
+
+
+# ---- the online decision ---------------------------------------------------------------------
+
+
+@dataclass
+class Slot:
+    """What one padded batch size has learnt: accept and cost EMAs per candidate budget."""
+
+    candidates: tuple[int, ...]
+    accept: dict[int, float] = field(default_factory=dict)  # tokens per request per round
+    cost: dict[int, float] = field(default_factory=dict)  # ms per round
+    current: int = -1
+    rounds: int = 0
+    since_probe: int = 0
+    probe_every: int = 0
+    switches: int = 0
+
+
+@dataclass(frozen=True)
+class Choice:
+    budget: int
+    probe: bool  # run to refresh the estimates of budgets above the current one
+
+
+class AdaptivePolicy:
+    """Per padded batch size, the budget that earns the most tokens per millisecond.
+
+    ``choose`` is called before a round, ``observe`` when that round's counters have reached
+    the host (a few rounds later: no sync). Cold start: the largest candidate runs first (it
+    yields counterfactual accept lengths for every smaller one), then each other candidate
+    runs until it has a measured cost, then the best runs.
+    """
+
+    def __init__(
+        self,
+        schedule: Schedule,
+        *,
+        alpha: float = 0.2,
+        probe_min: int = 16,
+        probe_max: int = 256,
+        hysteresis: float = 0.03,
+        cost_samples: int = 2,
+    ):
+        self.schedule = schedule
+        self.alpha = alpha
+        self.probe_min = probe_min
+        self.probe_max = probe_max
+        self.hysteresis = hysteresis
+        self.cost_samples = cost_samples
+        self.slots: dict[int, Slot] = {}
+        self._cost_seen: dict[tuple[int, int], int] = {}
+
+    def slot(self, padded_bs: int) -> Slot:
+        s = self.slots.get(padded_bs)
+        if s is None:
+            cands = self.schedule.candidates(padded_bs)
+            s = Slot(candidates=cands, current=cands[-1], probe_every=self.probe_min)
+            s.accept[0] = 1.0
+            self.slots[padded_bs] = s
+        return s
+
+    def choose(self, padded_bs: int) -> Choice:
+        s = self.slot(padded_bs)
+        top = s.candidates[-1]
+        if top not in s.cost or (top > 0 and len(s.accept) < len(s.candidates)):
+            return Choice(top, probe=False)
+        for n in reversed(s.candidates):  # measure every candidate's cost once
+            if self._cost_seen.get((padded_bs, n), 0) < self.cost_samples:
+                return Choice(n, probe=False)
+        if s.current != top and s.since_probe >= s.probe_every:
+            s.since_probe = 0
+            return Choice(top, probe=True)
+        s.since_probe += 1
+        return Choice(s.current, probe=False)
+
+    def value(self, s: Slot, n: int) -> float:
+        """Expected tokens per ms of budget n; -inf while either EMA is unknown."""
+        acc = s.accept.get(n)
+        cost = s.cost.get(n)
+        if acc is None or cost is None or cost <= 0:
+            return -math.inf
+        return acc / cost
+
+    def observe(
+        self,
+        padded_bs: int,
+        ran: int,
+        accept_by_budget: dict[int, float],
+        cost_ms: float | None,
+    ) -> int:
+        """Fold in one finished round; returns the slot's (possibly new) current budget.
+
+        ``accept_by_budget[n]`` is the mean accept length (committed tokens per request) the
+        round's tree would have given at budget n, for candidates n <= ``ran``.
+        """
+        s = self.slot(padded_bs)
+        s.rounds += 1
+        a = self.alpha
+        for n, v in accept_by_budget.items():
+            if n in s.candidates and n > 0:
+                old = s.accept.get(n)
+                s.accept[n] = v if old is None else (1 - a) * old + a * v
+        if cost_ms is not None and cost_ms > 0 and ran in s.candidates:
+            old = s.cost.get(ran)
+            s.cost[ran] = cost_ms if old is None else (1 - a) * old + a * cost_ms
+            key = (padded_bs, ran)
+            self._cost_seen[key] = self._cost_seen.get(key, 0) + 1
+        best = max(s.candidates, key=lambda n: self.value(s, n))
+        if self.value(s, best) == -math.inf:
+            return s.current
+        if best != s.current:
+            cur_v = self.value(s, s.current)
+            if cur_v == -math.inf or self.value(s, best) > cur_v * (1 + self.hysteresis):
+                s.current = best
+                s.switches += 1
+                s.probe_every = self.probe_min
+                return s.current
+        if ran == s.candidates[-1] and best == s.current:
+            s.probe_every = min(self.probe_max, s.probe_every * 2)
+        return s.current
+
+    def summary(self) -> dict[str, dict]:
+        """Per padded batch size: current budget, EMAs, rounds (for logs and ``check --url``)."""
+        return {
+            str(bs): {
+                "current": s.current,
+                "candidates": list(s.candidates),
+                "accept": {str(n): round(v, 3) for n, v in sorted(s.accept.items())},
+                "cost_ms": {str(n): round(v, 3) for n, v in sorted(s.cost.items())},
+                "rounds": s.rounds,
+                "switches": s.switches,
+            }
+            for bs, s in sorted(self.slots.items())
+        }
+
+
+def counterfactual_accept(path_nodes: Sequence[int], budgets: Iterable[int]) -> dict[int, int]:
+    """Accept length (committed tokens, bonus included) of one walked path under each budget.
+
+    ``path_nodes`` are the local node indices of the accepted path without the root, in walk
+    order. A node's ancestors have smaller indices, so budget n keeps exactly the path nodes
+    with index <= n, and they form a prefix of the path.
+    """
+    return {n: 1 + sum(1 for i in path_nodes if 1 <= i <= n) for n in budgets}

@@ -1,0 +1,104 @@
+"""Adaptive DDTree's counterfactual: a smaller budget's tree is the larger tree's first nodes,
+so its accept length is read off the larger tree's walked path (``path_counts``)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the DDTree core needs torch")
+
+from sglang_dflash.ddtree.mask import full_mask  # noqa: E402
+from sglang_dflash.ddtree.tree import build_tree, root_tree  # noqa: E402
+from sglang_dflash.ddtree.walk import greedy_walk  # noqa: E402
+from sglang_dflash.sglang_overlay.adaptive import RoundMeter, path_counts  # noqa: E402
+from sglang_dflash.sglang_overlay.policy import counterfactual_accept  # noqa: E402
+from sglang_dflash.sglang_overlay.profile import HostEvent  # noqa: E402
+from sglang_dflash.sglang_overlay.verify import greedy_accept  # noqa: E402
+
+from .test_tree import make_inputs  # noqa: E402
+from .test_walk import path_biased_predictions  # noqa: E402
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_smaller_budget_tree_is_the_larger_trees_prefix(seed):
+    logp, ids, roots, seq_lens = make_inputs(seed, 3, 6, 8, ["smooth", "ties", "inf"][seed % 3])
+    big = build_tree(logp, ids, roots, seq_lens, 40)
+    for n in (1, 3, 7, 15, 31):
+        small = build_tree(logp, ids, roots, seq_lens, n)
+        assert torch.equal(small.tokens, big.tokens[:, : n + 1])
+        assert torch.equal(small.parents, big.parents[:, : n + 1])
+        assert torch.equal(small.valid, big.valid[:, : n + 1])
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_path_counts_equal_walks_of_smaller_trees(seed):
+    gen = torch.Generator().manual_seed(100 + seed)
+    logp, ids, roots, seq_lens = make_inputs(seed, 4, 7, 6, ["smooth", "ties"][seed % 2])
+    n_big = 48
+    big = build_tree(logp, ids, roots, seq_lens, n_big)
+    pred = path_biased_predictions(big, gen, p_follow=0.9)
+    acc = greedy_accept(big, pred)
+    budgets = [1, 3, 7, 15, 31, 48]
+    sums = path_counts(acc.accept_index, big.width, torch.tensor(budgets))
+    for j, n in enumerate(budgets):
+        small = build_tree(logp, ids, roots, seq_lens, n)
+        res = greedy_walk(small, pred[:, : n + 1])  # the target's choice per node is per prefix
+        assert float(sums[j]) == float(res.accept_len.sum()), (n, sums, res.accept_len)
+    # the pure per-path helper agrees with the device reduction, request by request
+    width = big.width
+    for b in range(4):
+        nodes = [int(i) - b * width for i in acc.accept_index[b, 1:].tolist() if i >= 0]
+        per = counterfactual_accept(nodes, budgets)
+        small_lens = [
+            int(greedy_walk(build_tree(logp, ids, roots, seq_lens, n), pred[:, : n + 1])
+                .commit_lens[b])
+            for n in budgets
+        ]  # fmt: skip
+        assert [per[n] for n in budgets] == small_lens
+
+
+def test_path_counts_drop_one_node_fails():
+    """The check above can fail: an off-by-one budget (index < n) disagrees with some walk."""
+    gen = torch.Generator().manual_seed(7)
+    logp, ids, roots, seq_lens = make_inputs(3, 4, 7, 6, "smooth")
+    big = build_tree(logp, ids, roots, seq_lens, 48)
+    pred = path_biased_predictions(big, gen, p_follow=1.0)
+    acc = greedy_accept(big, pred)
+    budgets = list(range(1, 48))
+    wrong = path_counts(acc.accept_index, big.width, torch.tensor(budgets) - 1)
+    walks = [
+        float(greedy_walk(build_tree(logp, ids, roots, seq_lens, n), pred[:, : n + 1])
+              .accept_len.sum())
+        for n in budgets
+    ]  # fmt: skip
+    assert any(float(w) != s for w, s in zip(wrong, walks, strict=True))
+
+
+def test_root_tree_is_a_plain_decode_step():
+    roots = torch.tensor([5, 9, 2])
+    seq_lens = torch.tensor([4, 0, 7])
+    tree = root_tree(roots, seq_lens, max_depth=15)
+    assert tree.width == 1
+    choice = torch.tensor([[11], [12], [13]])
+    acc = greedy_accept(tree, choice)
+    assert acc.commit_lens.tolist() == [1, 1, 1]
+    assert acc.bonus.tolist() == [11, 12, 13]
+    assert acc.out_tokens.shape == (3, 16)
+    assert acc.accept_index[:, 0].tolist() == [0, 1, 2]
+    assert (acc.accept_index[:, 1:] == -1).all()
+    # the verify mask of a one-node tree lets the root see its whole prefix and itself
+    mask = full_mask(tree, seq_lens, seq_lens_sum=int(seq_lens.sum()))
+    assert mask.numel() == int(seq_lens.sum()) + 3 and bool(mask.all())
+    assert path_counts(acc.accept_index, 1, torch.tensor([1, 3])).tolist() == [0.0, 0.0]
+
+
+def test_meter_hands_back_rounds_in_order_with_means():
+    meter = RoundMeter(HostEvent, pin=False, depth=2)
+    for r in range(3):
+        meter.begin()
+        meter.end(key=8, ran=7, bs=4, budgets=(3, 7), counts=torch.tensor([4.0 * r, 8.0]))
+    assert meter.dropped == 1  # depth 2: the oldest round was dropped, nothing waited
+    recs = meter.drain()
+    assert [r.accept_by_budget for r in recs] == [{3: 2.0, 7: 3.0}, {3: 3.0, 7: 3.0}]
+    assert all(r.key == 8 and r.ran == 7 and r.cost_ms >= 0 for r in recs)
+    assert meter.drain() == []

@@ -1,0 +1,135 @@
+"""Adaptive DDTree's budget policy: schedules, their errors, and the online choice."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from sglang_dflash.sglang_overlay import settings
+from sglang_dflash.sglang_overlay.policy import (
+    AdaptivePolicy,
+    PolicyError,
+    auto_schedule,
+    parse_policy,
+    parse_schedule,
+)
+
+ENV = settings.POLICY_ENV
+
+
+def test_auto_schedule_offers_what_fits_and_always_a_fallback():
+    s = auto_schedule(15)
+    assert s.candidates(1) == (0, 3, 7, 15)
+    assert s.candidates(32) == (0, 3, 7, 15)  # 32 x 16 = 512 tokens
+    assert s.candidates(64) == (0, 3, 7)
+    assert s.candidates(128) == (0, 3)
+    assert s.candidates(1000) == (0, 3)  # nothing fits: the smallest tree and no draft
+    assert s.budgets() == (0, 3, 7, 15)
+    assert s.capture_bs(15, [1, 2, 4, 8, 16, 24, 32, 48, 64]) == [1, 2, 4, 8, 16, 24, 32, 48]
+    big = auto_schedule(64)
+    assert big.candidates(1) == (0, 3, 7, 15, 31, 64)
+    assert big.candidates(8) == (0, 3, 7, 15, 31)  # 8 x 65 > 512: N leaves
+    assert auto_schedule(64, 4096).candidates(32) == (0, 3, 7, 15, 31, 64)
+
+
+def test_schedule_text_round_trips_and_routes_by_range():
+    s = parse_schedule("1:0,7,15; 8:0,3,7 ;32:0", 15)
+    assert s.render() == "1:0,7,15;8:0,3,7;32:0"
+    assert parse_schedule(s.render(), 15) == s
+    assert [s.candidates(b) for b in (1, 7, 8, 31, 32, 500)] == [
+        (0, 7, 15), (0, 7, 15), (0, 3, 7), (0, 3, 7), (0,), (0,)]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("2:0,15", "must start at batch size 1"),
+        ("1:0,15;8:3;4:0", "must ascend"),
+        ("1:0,7", "no range lists the server's budget N=15"),
+        ("1:0,16", "outside 0..15"),
+        ("1:0,x", "non-integer"),
+        ("1;0,15", "is not '<batch size>:"),
+        ("1:", "has no candidate budget"),
+        ("", "empty"),
+    ],
+)
+def test_bad_schedules_fail_with_one_line(text, needle):
+    with pytest.raises(PolicyError) as e:
+        parse_schedule(text, 15, ENV)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_policy_strings():
+    assert not parse_policy(None, 15, ENV).adaptive
+    assert parse_policy("fixed", 15, ENV).describe() == "fixed"
+    assert parse_policy("adaptive", 15, ENV).schedule == auto_schedule(15)
+    assert parse_policy("adaptive:auto:1024", 15, ENV).schedule == auto_schedule(15, 1024)
+    assert parse_policy("adaptive:1:0,15", 15, ENV).describe() == "adaptive 1:0,15"
+    with pytest.raises(settings.DDTreeConfigError, match="expected 'fixed', 'adaptive'"):
+        settings.policy_from_env(15, {ENV: "greedy"})
+    with pytest.raises(settings.DDTreeConfigError, match="token cap is not an integer"):
+        settings.policy_from_env(15, {ENV: "adaptive:auto:lots"})
+
+
+def simulate(policy, bs, accept, cost, rounds, lag=3):
+    """Run ``rounds`` rounds at one batch size; the policy sees each round ``lag`` rounds late,
+    as it does on the GPU. ``accept(n)`` is the mean accept length of budget n, ``cost(n)``
+    the round time. Returns the budgets that ran, in order."""
+    ran = []
+    pending = collections.deque()
+    for _ in range(rounds):
+        while len(pending) > lag:
+            n, cands = pending.popleft()
+            policy.observe(bs, n, {m: accept(m) for m in cands if 0 < m <= n}, cost(n))
+        n = policy.choose(bs).budget
+        ran.append(n)
+        pending.append((n, policy.schedule.candidates(bs)))
+    return ran
+
+
+def cost_model(bs):
+    """Round time of an 8B-shaped target on the H200, roughly: flat, then ~25 us a token."""
+    return lambda n: 6.0 + 0.025 * max(0, bs * (n + 1) - 200) + (0.8 if n else 0.0)
+
+
+def test_weak_drafter_falls_back_to_no_draft_and_probes_rarely():
+    pol = AdaptivePolicy(auto_schedule(15))
+    ran = simulate(pol, 32, accept=lambda n: 1.02, cost=cost_model(32), rounds=3000)
+    tail = ran[500:]
+    assert collections.Counter(tail).most_common(1)[0][0] == 0
+    assert sum(1 for n in tail if n) / len(tail) < 0.01  # probes at the 256-round ceiling
+    cost = cost_model(32)
+    spent = sum(cost(n) for n in ran)
+    assert spent <= 1.05 * len(ran) * cost(0)  # within 5 % of plain decoding, start-up included
+
+
+def test_strong_drafter_at_bs1_keeps_the_big_tree():
+    pol = AdaptivePolicy(auto_schedule(15))
+    ran = simulate(pol, 1, accept=lambda n: 1 + 0.6 * n ** 0.7, cost=cost_model(1), rounds=800)
+    assert collections.Counter(ran[100:]).most_common(1)[0] == (15, 700)
+
+
+def test_mid_batch_picks_the_middle_budget():
+    # at bs 16 the verify stops being flat between n = 7 and n = 15 in this model, and the
+    # drafter's gain saturates: the best value is n = 7
+    pol = AdaptivePolicy(auto_schedule(15))
+    acc = {0: 1.0, 3: 2.6, 7: 3.4, 15: 3.6}
+    ran = simulate(pol, 16, accept=acc.__getitem__, cost=cost_model(16), rounds=1500)
+    cost = cost_model(16)
+    best = max(acc, key=lambda n: acc[n] / cost(n))
+    assert best == 7
+    assert collections.Counter(ran[300:]).most_common(1)[0][0] == 7
+
+
+def test_the_policy_follows_a_change_of_drafter_quality():
+    pol = AdaptivePolicy(auto_schedule(15))
+    good = lambda n: 1 + 0.6 * n ** 0.7  # noqa: E731
+    simulate(pol, 4, accept=good, cost=cost_model(4), rounds=600)
+    assert pol.slot(4).current == 15
+    ran = simulate(pol, 4, accept=lambda n: 1.0, cost=cost_model(4), rounds=600)
+    assert pol.slot(4).current == 0 and ran[-100:].count(0) >= 95
+    ran = simulate(pol, 4, accept=good, cost=cost_model(4), rounds=800)
+    assert pol.slot(4).current == 15  # found again through the probes
+    summary = pol.summary()["4"]
+    assert summary["current"] == 15 and summary["switches"] >= 2
