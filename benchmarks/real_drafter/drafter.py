@@ -76,7 +76,7 @@ class Attention(nn.Module):
         return k.transpose(1, 2), v.transpose(1, 2)
 
     def forward(self, h, positions, ctx_k, ctx_v, mask):
-        """Block queries ``h`` ``[B, Q, H]`` over keys [context, block]; ``mask`` ``[B, Q, T+Q]``."""
+        """Block queries ``h`` [B, Q, H] over keys [context, block]; ``mask`` [B, Q, T+Q]."""
         b, n, _ = h.shape
         q = self.q_norm(self.q_proj(h).view(b, n, self.heads, self.head_dim))
         q = rope(q, positions, self.theta).transpose(1, 2)

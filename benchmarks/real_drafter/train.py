@@ -1,12 +1,14 @@
 """CLI: train the tokenizer, the Qwen3 target and its DFlash drafter; save them; measure the
 drafter's offline accept length (linear DFlash and DDTree N in the plan's budgets).
 
-    PYTHONPATH=src:. python3 -m benchmarks.real_drafter.train --out DIR --seed 0 \\
+    PYTHONPATH=src:benchmarks python3 -m real_drafter.train --out DIR --seed 0 \\
         --device cuda --json DIR/report.json          # the H200 run (about 6-7 min)
     ... --device cpu --toy                            # the CPU test's tiny run (seconds)
 
 Writes DIR/target (Qwen3ForCausalLM + tokenizer), DIR/draft (DFlashDraftModel),
-DIR/prompts.jsonl (held-out prompts) and the JSON report.
+DIR/prompts.jsonl (held-out prompts) and the JSON report. ``benchmarks/`` has no
+``__init__.py``, and on the GPU image a site-packages ``benchmarks`` package shadows the
+namespace package, so the package is imported as ``real_drafter`` from ``benchmarks/``.
 """
 
 from __future__ import annotations
@@ -135,7 +137,8 @@ def run(args) -> dict:
     d_res = train_drafter.train_drafter(drafter, embed_w, feats, tokens, starts_t, plan, device,
                                         gen, mask_id)
     walls["draft_train"] = d_res.wall_s
-    _log(t_all, f"drafter {d_res.steps} steps, loss {d_res.losses[-1]:.3f}, acc1 {d_res.top1_depth1[-1]:.3f}")
+    _log(t_all, f"drafter {d_res.steps} steps, loss {d_res.losses[-1]:.3f}, "
+                f"acc1 {d_res.top1_depth1[-1]:.3f}")
     del feats
     drafter = drafter.to(torch.bfloat16)
     ddir = out / "draft"
