@@ -83,7 +83,7 @@ def train_target(model, stream, plan: Plan, device, gen, log_every: int = 50):
             g["lr"] = cosine_lr(step, plan.target_steps, plan.target_lr, warmup)
         batch = sample_windows(stream, plan.target_batch, plan.target_seq + 1, gen).to(device)
         with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=use_amp):
-            logits = model(input_ids=batch[:, :-1]).logits
+            logits = model(input_ids=batch[:, :-1], use_cache=False).logits
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
                                batch[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
