@@ -7,6 +7,7 @@ import json
 import pytest
 
 from sglang_dflash.config import parse_config, render_argv, render_env
+from sglang_dflash.unit import UnitOptions, render_unit
 
 from .conftest import REPO
 
@@ -17,6 +18,15 @@ EXAMPLES = sorted((REPO / "examples").glob("*.json"))
 def test_example_is_valid(path):
     cfg = parse_config(json.loads(path.read_text()))
     assert render_argv(cfg)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_renders_a_unit_when_copied_to_srv(path):
+    """The README's `unit --config` step works for every example, not only the Hub-id one."""
+    cfg = parse_config(json.loads(path.read_text()))
+    text = render_unit(cfg, f"/srv/sglang-dflash/{path.name}",
+                       UnitOptions(package_path="/opt/sglang-dflash"))
+    assert f"serve --config /srv/sglang-dflash/{path.name}" in text
 
 
 def test_tp2_example_renders_two_gpus_and_no_nvlink_multicast():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # subcommand -> (module, one-line help)
@@ -48,12 +49,33 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     return parser
 
 
+# What a shell reports for a process ended by SIGPIPE: `cmd | head -1` is not a failure.
+BROKEN_PIPE_EXIT = 141
+
+
+def quiet_broken_pipe() -> int:
+    """The reader of our stdout went away (`| head`): exit quietly, as cat and grep do.
+
+    stdout is pointed at /dev/null so the interpreter's final flush cannot raise again.
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return BROKEN_PIPE_EXIT
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(argv)
-    args = parser.parse_args(argv)
     try:
-        return int(args._run(args))
+        parser = build_parser(argv)
+        args = parser.parse_args(argv)
+        code = int(args._run(args))
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
+    except BrokenPipeError:
+        return quiet_broken_pipe()
     except KeyboardInterrupt:
         print("sglang-dflash: interrupted", file=sys.stderr)
         return 130

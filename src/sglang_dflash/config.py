@@ -9,6 +9,7 @@ Nix never re-implements flag rendering. Everything here is pure: no I/O except
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
@@ -138,6 +139,13 @@ def _in_range(key: str, value: int | float | None, lo: float, hi: float) -> None
         raise ConfigError(f"{key}: {value} is outside {lo}..{hi}")
 
 
+def unknown_key_message(key: str, known: tuple[str, ...] | list[str]) -> str:
+    """One line for a key the schema lacks, with the closest known key when one is near."""
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{key}: unknown key{hint}"
+
+
 def _parse_ddtree(raw: Any) -> DDTreeConfig:
     if raw is None:
         return DDTreeConfig()
@@ -145,7 +153,9 @@ def _parse_ddtree(raw: Any) -> DDTreeConfig:
         raise ConfigError(f"ddtree: must be an object like {{\"budget\": 64}}, got {raw!r}")
     unknown = sorted(set(raw) - {"budget"})
     if unknown:
-        raise ConfigError(f"ddtree.{unknown[0]}: unknown key (known: budget)")
+        close = difflib.get_close_matches(unknown[0], ["budget"], n=1, cutoff=0.6)
+        hint = "did you mean 'budget'?" if close else "known: budget"
+        raise ConfigError(f"ddtree.{unknown[0]}: unknown key ({hint})")
     budget = raw.get("budget", DEFAULT_BUDGET)
     _check_type("ddtree.budget", budget, (int,), False)
     _in_range("ddtree.budget", budget, BUDGET_MIN, BUDGET_MAX)
@@ -219,7 +229,7 @@ def parse_config(raw: Any) -> InstanceConfig:
         raise ConfigError("apiKey: inline API keys are refused; put the key in a file, apiKeyFile")
     unknown = sorted(set(raw) - set(KNOWN_KEYS))
     if unknown:
-        raise ConfigError(f"{unknown[0]}: unknown key")
+        raise ConfigError(unknown_key_message(unknown[0], KNOWN_KEYS))
     for key in ("name", "model"):
         if key not in raw:
             raise ConfigError(f"{key}: required key is missing")
@@ -298,8 +308,13 @@ def read_config_json(path: str | Path) -> Any:
 
 
 def load_config(path: str | Path) -> InstanceConfig:
-    """Read and validate an instance config file; every failure is a one-line ConfigError."""
-    return parse_config(read_config_json(path))
+    """Read and validate an instance config file; every failure is a one-line ConfigError
+    that starts with the file's path, so the operator knows which file to edit."""
+    raw = read_config_json(path)
+    try:
+        return parse_config(raw)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
 
 
 def render_argv(cfg: InstanceConfig) -> list[str]:

@@ -27,12 +27,12 @@ import time
 from pathlib import Path
 
 from sglang_dflash import sdnotify
+from sglang_dflash.apikey import read_api_key
 from sglang_dflash.config import ConfigError, InstanceConfig, load_config, render_argv, render_env
 from sglang_dflash.config import unset_env as config_unset_env
 
 STDERR_TAIL = 20
 TERM_GRACE_S = 30.0
-CREDENTIAL_NAME = "api-key"  # LoadCredential=api-key:<apiKeyFile> in the unit
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -115,24 +115,6 @@ def render_print(cfg: InstanceConfig, python: str = sys.executable) -> str:
 
 
 # ---- API key --------------------------------------------------------------------------------
-
-
-def read_api_key(cfg: InstanceConfig, environ: dict[str, str]) -> str | None:
-    """The key from systemd's credential if the unit loaded one, else from apiKeyFile."""
-    if cfg.api_key_file is None:
-        return None
-    source = Path(cfg.api_key_file)
-    cred_dir = environ.get("CREDENTIALS_DIRECTORY")
-    if cred_dir and (Path(cred_dir) / CREDENTIAL_NAME).is_file():
-        source = Path(cred_dir) / CREDENTIAL_NAME
-    try:
-        key = source.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as e:
-        why = getattr(e, "strerror", None) or e
-        raise ConfigError(f"apiKeyFile: cannot read {source}: {why}") from None
-    if not key or "\n" in key:
-        raise ConfigError(f"apiKeyFile: {source} must hold exactly one non-empty line")
-    return key
 
 
 def write_key_config(key: str, environ: dict[str, str]) -> Path:

@@ -1,9 +1,11 @@
 """`sglang-dflash unit`: the NixOS module's hardened unit, for hosts that are not NixOS.
 
 The seeds' hosts ran Ubuntu and wrote units by hand. This renders the same unit the module
-renders (the directives come from unit-hardening.json, which the module reads too) pointing
-at a Nix-built sglang-dflash, e.g. one installed with
-`nix profile install --profile /nix/var/nix/profiles/sglang-dflash .#sglang-dflash`.
+renders (the directives come from unit-hardening.json, which the module reads too). The unit
+runs `<package path>/bin/sglang-dflash`; the package path defaults to the environment this
+command runs from (the interpreter's prefix: a venv from `uv sync`, or a Nix profile such as
+`nix profile install --profile /nix/var/nix/profiles/sglang-dflash .#sglang-dflash`), and
+`--package-path` names another.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 from sglang_dflash.config import ConfigError, InstanceConfig, load_config
 
-DEFAULT_PACKAGE_PATH = "/nix/var/nix/profiles/sglang-dflash"
+NIX_PROFILE_PATH = "/nix/var/nix/profiles/sglang-dflash"  # the documented `nix profile` spot
 DEFAULT_DRIVER_LIB = "/run/opengl-driver/lib"
 START_TIMEOUT_MARGIN_S = 300  # preflight + serve's own startTimeout handling, as a backstop
 CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
@@ -36,7 +38,7 @@ class UnitError(ValueError):
 class UnitOptions:
     """Host-specific choices that are not part of the instance config."""
 
-    package_path: str = DEFAULT_PACKAGE_PATH
+    package_path: str = NIX_PROFILE_PATH
     driver_lib_dir: str = DEFAULT_DRIVER_LIB
     environment_file: str | None = None
     user: str | None = None
@@ -204,10 +206,11 @@ def render_unit(cfg: InstanceConfig, config_path: str, opts: UnitOptions) -> str
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, metavar="FILE",
                         help="instance config (JSON); the unit refers to its absolute path")
-    parser.add_argument("--package-path", "--prefix", dest="package_path",
-                        default=DEFAULT_PACKAGE_PATH, metavar="DIR",
-                        help="Nix profile or store path holding bin/sglang-dflash "
-                        f"(default {DEFAULT_PACKAGE_PATH})")
+    parser.add_argument("--package-path", "--prefix", dest="package_path", default=None,
+                        metavar="DIR",
+                        help="environment holding bin/sglang-dflash: a venv, a Nix profile "
+                        f"(e.g. {NIX_PROFILE_PATH}) or store path (default: the one this "
+                        "command runs from, sys.prefix)")
     parser.add_argument("--driver-lib-dir", default=DEFAULT_DRIVER_LIB, metavar="DIR",
                         help="directory with the host's libcuda.so.1 and NVIDIA libraries "
                         f"(default {DEFAULT_DRIVER_LIB}; see docs/service.md)")
@@ -223,11 +226,20 @@ def _bad(msg: str) -> int:
     return 2
 
 
+def default_package_path(prefix: str = sys.prefix) -> str:
+    """The environment this command runs from: its bin/ holds the sglang-dflash it would run."""
+    return os.path.abspath(prefix)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config)
     except ConfigError as e:
         return _bad(f"invalid config: {e}")
+    if args.package_path is None:
+        args.package_path = default_package_path()
+        print(f"sglang-dflash unit: note: the unit runs {args.package_path}/bin/sglang-dflash "
+              "(this command's environment; --package-path names another)", file=sys.stderr)
     for flag, value in (("--package-path", args.package_path),
                         ("--driver-lib-dir", args.driver_lib_dir),
                         ("--environment-file", args.environment_file)):
@@ -244,6 +256,9 @@ def run(args: argparse.Namespace) -> int:
     if not Path(opts.package_path, "bin", "sglang-dflash").exists():
         print(f"sglang-dflash unit: note: {opts.package_path}/bin/sglang-dflash does not exist "
               "on this machine yet", file=sys.stderr)
+    if cfg.api_key_file and not Path(cfg.api_key_file).is_file():
+        print(f"sglang-dflash unit: note: apiKeyFile {cfg.api_key_file} does not exist yet; "
+              "systemd's LoadCredential= fails the start until it does", file=sys.stderr)
     if args.output:
         try:
             Path(args.output).write_text(text, encoding="utf-8")

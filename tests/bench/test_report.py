@@ -130,3 +130,24 @@ def test_best_per_concurrency_picks_the_fastest_clean_configuration():
     assert json.loads(json.dumps(doc))["best"][1] == {
         "concurrency": 8, "config": "n16", "output_tokens_per_s": 900.0,
         "throughput_ratio": pytest.approx(1.125), "candidates": 3}
+
+
+def test_plot_offsets_keep_every_series_visible():
+    """Series with equal values at one x would hide each other; each gets its own offset."""
+    from sglang_dflash.bench.plot import SPREAD, spread
+
+    assert spread(0, 1) == 0.0
+    offs = [spread(i, 5) for i in range(5)]
+    assert len(set(offs)) == 5 and min(offs) == -SPREAD / 2 and max(offs) == SPREAD / 2
+
+
+def test_write_plot_one_x_position_makes_a_png(tmp_path):
+    """A --url run (one configuration, several concurrencies): the points sit side by side."""
+    try:
+        plot.require_matplotlib()
+    except ImportError:
+        pytest.skip("matplotlib is not installed (the bench extra)")
+    out = tmp_path / "one.png"
+    plot.write_plot(str(out), [ConfigResult("u", {})],
+                    [summ("u", 1, 10, 2.0), summ("u", 8, 10, 2.0)])
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

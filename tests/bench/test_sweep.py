@@ -82,3 +82,15 @@ def test_find_baseline_matches_points_or_resolved_config():
     assert find_baseline(points, resolved, "algorithm=ddtree") == 0
     with pytest.raises(SweepError, match="no configuration"):
         find_baseline(points, resolved, "algorithm=dflash")
+
+
+def test_points_that_render_the_same_server_are_dropped_naming_the_ignored_keys():
+    from sglang_dflash.bench.sweep import Dropped, duplicate_points
+
+    points = expand([parse_sweep("algorithm=dflash,ddtree"), parse_sweep("ddtree.budget=8,16,32")])
+    # what the server sees: the budget only reaches a DDTree server
+    rendered = [(p["algorithm"], p["ddtree.budget"] if p["algorithm"] == "ddtree" else None)
+                for p in points]
+    assert duplicate_points(points, rendered) == [
+        Dropped(1, 0, ("ddtree.budget",)), Dropped(2, 0, ("ddtree.budget",))]
+    assert duplicate_points(points[3:], rendered[3:]) == []

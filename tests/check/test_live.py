@@ -58,6 +58,9 @@ def test_ddtree_budget_is_verify_width_minus_one(tmp_path: Path, standin_server)
     assert rc == 1
     assert res["live.ddtree_budget"]["found"] == (
         "speculative_num_draft_tokens=9, expected budget 4 + 1 = 5")
+    # the fix names what really sets the budget; SGLang has no --speculative-ddtree-budget
+    fix = res["live.ddtree_budget"]["fix"]
+    assert "ddtree.budget" in fix and "--speculative-ddtree-budget" not in fix
 
 
 def test_wrong_algorithm_fails(tmp_path: Path, standin_server) -> None:

@@ -1,5 +1,5 @@
 """package.requires: sglang's declared dependencies, read from its METADATA, against what is
-installed — the H200's `No module named 'xgrammar'` (2026-12-02, call 4), caught before start."""
+installed — the H200's `No module named 'xgrammar'`, caught before start."""
 
 from __future__ import annotations
 

@@ -6,12 +6,13 @@ import os
 import socket
 
 import pytest
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from sglang_dflash.ddtree.topk import topk_logprobs
-from sglang_dflash.sglang_overlay.draft_head import DraftTopKHead, draft_topk
+torch = pytest.importorskip("torch", reason="the DDTree overlay needs torch")
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+from sglang_dflash.ddtree.topk import topk_logprobs  # noqa: E402
+from sglang_dflash.sglang_overlay.draft_head import DraftTopKHead, draft_topk  # noqa: E402
 
 
 def _data(rows=6, hidden=8, vocab=40, seed=0):

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_dflash.sglang_overlay.plant import PlantedRequest
-from sglang_dflash.sglang_overlay.plant_oracle import accept_len, expected_rounds
+torch = pytest.importorskip("torch", reason="the DDTree overlay needs torch")
+from sglang_dflash.sglang_overlay.plant import PlantedRequest  # noqa: E402
+from sglang_dflash.sglang_overlay.plant_oracle import accept_len, expected_rounds  # noqa: E402
 
 PROFILE = (-0.01, -4.0, -5.0)
 

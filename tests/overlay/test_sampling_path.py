@@ -1,20 +1,22 @@
-"""The DDTree T > 0 path on the CPU: degenerate rows, termination, kernel choice (call-14 stall).
+"""The DDTree T > 0 path on the CPU: degenerate rows, termination, kernel choice.
 
-On 2026-12-02 (call 14) the first T = 0.8 / top_p = 0.95 request stalled the planted DDTree
-server with no traceback. These tests pin what the sampling path must never do: raise or sync
-on a degenerate distribution, walk a cyclic LCRS link, or load FlashInfer's JIT-built sampling
-module in the middle of serving when the operator chose ``--sampling-backend pytorch``.
+A first T = 0.8 / top_p = 0.95 request can stall a planted DDTree server with no traceback
+(seen on the H200, docs/gpu-results.md). These tests pin what the sampling path must never do:
+raise or sync on a degenerate distribution, walk a cyclic LCRS link, or load FlashInfer's
+JIT-built sampling module in the middle of serving when the operator chose
+``--sampling-backend pytorch``.
 """
 
 from __future__ import annotations
 
 import pytest
-import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from sglang_dflash.ddtree.tree import build_tree
-from sglang_dflash.sglang_overlay import verify as v
+torch = pytest.importorskip("torch", reason="the DDTree overlay needs torch")
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from sglang_dflash.ddtree.tree import build_tree  # noqa: E402
+from sglang_dflash.sglang_overlay import verify as v  # noqa: E402
 
 VOCAB = 12
 
@@ -63,7 +65,7 @@ def test_sampling_path_has_no_host_sync():
 
 
 def test_fused_renorm_only_when_the_operator_allows_flashinfer():
-    assert not v.use_fused_renorm("pytorch", on_cuda=True)  # call 14's configuration
+    assert not v.use_fused_renorm("pytorch", on_cuda=True)  # the stalled server's setting
     assert v.use_fused_renorm("flashinfer", on_cuda=True)
     assert v.use_fused_renorm(None, on_cuda=True)  # SGLang's default on CUDA
     assert not v.use_fused_renorm("flashinfer", on_cuda=False)

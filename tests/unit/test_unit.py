@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -108,9 +109,39 @@ def test_start_timeout_margin_agrees_with_module():
     assert f"startTimeoutMargin = {START_TIMEOUT_MARGIN_S};" in MODULE.read_text()
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sglang_dflash", "unit", *args],
+def run_cli(*args: str, python: str = sys.executable) -> subprocess.CompletedProcess:
+    """`sglang-dflash unit ARGS`; a fixed --package-path unless ARGS name one, so the unit does
+    not depend on where this interpreter lives (its prefix may be under /home or /tmp)."""
+    if "--package-path" not in args:
+        args = ("--package-path", "/opt/sglang-dflash", *args)
+    return subprocess.run([python, "-m", "sglang_dflash", "unit", *args],
                           capture_output=True, text=True, timeout=30)
+
+
+def test_package_path_defaults_to_this_environment_and_says_so(visible_tmp):
+    """Without Nix the unit runs the sglang-dflash of the environment `unit` runs from."""
+    config = visible_tmp / "qwen.json"
+    config.write_text(json.dumps(BASE))
+    r = subprocess.run([sys.executable, "-m", "sglang_dflash", "unit", "--config", str(config)],
+                       capture_output=True, text=True, timeout=30)
+    prefix = os.path.abspath(sys.prefix)
+    assert f"note: the unit runs {prefix}/bin/sglang-dflash" in r.stderr, r.stderr
+    if r.returncode == 0:
+        assert f"ExecStart={prefix}/bin/sglang-dflash serve" in r.stdout
+    else:  # this interpreter lives where the sandbox hides it (a venv under /home or /tmp)
+        assert r.returncode == 2 and "--package-path" in r.stderr and "hidden" in r.stderr
+
+
+def test_missing_api_key_file_is_a_one_line_note(visible_tmp):
+    config = visible_tmp / "qwen.json"
+    config.write_text(json.dumps({**BASE, "apiKeyFile": str(visible_tmp / "no-such-key")}))
+    r = run_cli("--config", str(config))
+    assert r.returncode == 0, r.stderr
+    notes = [line for line in r.stderr.splitlines() if "apiKeyFile" in line]
+    assert len(notes) == 1 and "does not exist" in notes[0], r.stderr
+    (visible_tmp / "no-such-key").write_text("k\n")
+    r = run_cli("--config", str(config))
+    assert r.returncode == 0 and "apiKeyFile" not in r.stderr, r.stderr
 
 
 def test_cli_writes_the_unit_and_refuses_bad_flags(visible_tmp, tmp_path):

@@ -100,6 +100,9 @@ def test_unsafe_values_are_refused_naming_the_option(raw, opts, name):
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
+    """A fixed --package-path: this interpreter's own prefix may be one the sandbox hides."""
+    if "--package-path" not in args:
+        args = ("--package-path", "/opt/sglang-dflash", *args)
     return subprocess.run([sys.executable, "-m", "sglang_dflash", "unit", *args],
                           capture_output=True, text=True, timeout=30)
 

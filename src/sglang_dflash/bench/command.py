@@ -43,13 +43,21 @@ from sglang_dflash.bench.stats import (
 from sglang_dflash.bench.sweep import (
     SweepError,
     apply_overrides,
+    duplicate_points,
     expand,
     find_baseline,
     label,
     parse_sweep,
 )
 from sglang_dflash.bench.workload import Prompt, WorkloadError, load_jsonl, synthetic, take
-from sglang_dflash.config import ConfigError, read_config_json
+from sglang_dflash.config import (
+    ConfigError,
+    parse_config,
+    read_config_json,
+    render_argv,
+    render_env,
+    unset_env,
+)
 
 PROG = "sglang-dflash bench"
 DEFAULT_SYNTHETIC_PROMPTS = 64
@@ -191,7 +199,27 @@ def build_plans(args: argparse.Namespace) -> list[Plan]:
         key_file = args.api_key_file or inst.api_key_file
         plans.append(Plan(name, point, resolved, inst, api_key=read_key(key_file)
                           if key_file else None))
-    return plans
+    return drop_duplicate_servers(plans)
+
+
+def rendered_server(raw: dict[str, Any]) -> tuple:
+    """All a started server sees of its config: SGLang's argv and the environment serve sets."""
+    cfg = parse_config(raw)
+    return (tuple(render_argv(cfg)), tuple(sorted(render_env(cfg).items())),
+            unset_env(cfg))
+
+
+def drop_duplicate_servers(plans: list[Plan]) -> list[Plan]:
+    """Keep one plan per distinct server; say on stderr which points went and why."""
+    dropped = duplicate_points([p.point for p in plans],
+                               [rendered_server(p.raw or {}) for p in plans])
+    for d in dropped:
+        alg = (plans[d.index].raw or {}).get("algorithm", "dflash")
+        print(f"sglang-dflash bench: skipping sweep point {plans[d.index].label}: the same "
+              f"server as {plans[d.same_as].label} (algorithm {alg} ignores "
+              f"{', '.join(d.ignored)})", file=sys.stderr)
+    gone = {d.index for d in dropped}
+    return [p for i, p in enumerate(plans) if i not in gone]
 
 
 def load_prompts(args: argparse.Namespace) -> list[Prompt]:

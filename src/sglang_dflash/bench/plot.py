@@ -57,15 +57,35 @@ def series(configs: Sequence[ConfigResult], summaries: Sequence[Summary],
     return (x_key if swept else "configuration"), out
 
 
+MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">")
+SPREAD = 0.3  # the series at one x share this width (budget: in log2 units; else: slots)
+
+
+def spread(i: int, n: int, width: float = SPREAD) -> float:
+    """Offset of series i of n around its x, so equal values do not hide each other."""
+    return 0.0 if n < 2 else (i - (n - 1) / 2) * width / (n - 1)
+
+
 def write_plot(path: str, configs: Sequence[ConfigResult], summaries: Sequence[Summary]) -> None:
     plt = require_matplotlib()
     x_name, data = series(configs, summaries)
     fig, (ax_t, ax_a) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
-    for name, pts in sorted(data.items()):
-        xs = [str(p[0]) if x_name == "configuration" else p[0] for p in pts]
-        nan = float("nan")
-        ax_t.plot(xs, [nan if p[1] is None else p[1] for p in pts], marker="o", label=name)
-        ax_a.plot(xs, [nan if p[2] is None else p[2] for p in pts], marker="o", label=name)
+    slots = {str(p[0]): k for k, p in enumerate(
+        dict.fromkeys(str(p[0]) for pts in data.values() for p in pts))} \
+        if x_name == "configuration" else {}
+    nan = float("nan")
+    for i, (name, pts) in enumerate(sorted(data.items())):
+        d = spread(i, len(data))
+        if x_name == "configuration":
+            xs = [slots[str(p[0])] + d for p in pts]
+        else:
+            xs = [p[0] * 2 ** d for p in pts]
+        style = {"marker": MARKERS[i % len(MARKERS)], "label": name, "alpha": 0.85}
+        ax_t.plot(xs, [nan if p[1] is None else p[1] for p in pts], **style)
+        ax_a.plot(xs, [nan if p[2] is None else p[2] for p in pts], **style)
+    if x_name == "configuration":
+        ax_a.set_xticks(list(slots.values()), list(slots))
+        ax_a.set_xlim(-0.5, len(slots) - 0.5)
     if x_name == BUDGET_KEY:
         budgets = sorted({p[0] for pts in data.values() for p in pts})
         ax_t.set_xscale("log", base=2)

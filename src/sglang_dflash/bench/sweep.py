@@ -152,3 +152,31 @@ def find_baseline(points: Sequence[dict[str, Any]], resolved: Sequence[dict[str,
         if have == want or format_value(have) == format_value(want):
             return i
     raise SweepError(f"--baseline {expr}: no configuration in the sweep has {key}={rest}")
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """A sweep point that would start the same server as an earlier one."""
+
+    index: int
+    same_as: int
+    ignored: tuple[str, ...]  # the swept keys whose values differ, which the server ignores
+
+
+def duplicate_points(points: Sequence[dict[str, Any]],
+                     rendered: Sequence[Any]) -> list[Dropped]:
+    """Points whose rendered server (argv and environment) equals an earlier point's.
+
+    `rendered[i]` is anything comparable that is all the server sees (serve's argv and env),
+    so `algorithm=dflash` with different `ddtree.budget`s is one server, not three.
+    """
+    first: dict[Any, int] = {}
+    out: list[Dropped] = []
+    for i, (point, key) in enumerate(zip(points, rendered, strict=True)):
+        if key in first:
+            j = first[key]
+            ignored = tuple(k for k in point if points[j].get(k) != point[k])
+            out.append(Dropped(i, j, ignored))
+        else:
+            first[key] = i
+    return out

@@ -14,13 +14,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from sglang_dflash.apikey import read_api_key
 from sglang_dflash.check import abi, gpu, live, package
 from sglang_dflash.check.instance import config_url, merged_expectations
 from sglang_dflash.check.result import Result, exit_code, render_json, render_text, skipped
 from sglang_dflash.config import ConfigError, InstanceConfig, load_config
 from sglang_dflash.manifest import PACKAGE_DIR, Manifest, load_manifest
 from sglang_dflash.pins import load_pins
-from sglang_dflash.serve import read_api_key
 
 LAYERS = ("package", "abi", "gpu", "live")
 

@@ -138,8 +138,9 @@ def evaluate_server_info(info: dict, exp: Expectations) -> list[Result]:
         else:
             out.append(failed(LAYER, "ddtree_budget", f"speculative_num_draft_tokens={width}, "
                               f"expected budget {exp.ddtree_budget} + 1 = {want}",
-                              "check that the DDTree plugin is installed and the budget is set "
-                              "(--speculative-ddtree-budget)"))
+                              "check that the DDTree plugin is installed and the config sets "
+                              "algorithm \"ddtree\" with ddtree.budget (serve passes it as "
+                              "SGLANG_DFLASH_DDTREE_BUDGET)"))
     return out
 
 

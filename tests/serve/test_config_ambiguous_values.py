@@ -1,4 +1,4 @@
-"""Review findings in parse_config: values SGLang's argparse would read differently."""
+"""parse_config refuses values SGLang's argparse would read differently, naming the key."""
 
 from __future__ import annotations
 

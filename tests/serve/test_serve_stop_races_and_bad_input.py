@@ -1,4 +1,4 @@
-"""Review findings in serve: a stop that races readiness, and argv/env that cannot be exec'd."""
+"""serve: a stop that races readiness, and argv/env that cannot be exec'd, fail in one line."""
 
 from __future__ import annotations
 
