@@ -25,9 +25,9 @@ let
 
       package = mkOption {
         type = types.package;
-        default = pkgs.sglang-dflash;
-        defaultText = literalExpression "pkgs.sglang-dflash";
-        description = "The sglang-dflash package (pinned SGLang + DDTree overlay + CLI) to run.";
+        default = cfg.package;
+        defaultText = literalExpression "config.services.sglang-dflash.package";
+        description = "The sglang-dflash package (pinned SGLang + DDTree overlay + CLI) this instance runs.";
       };
 
       model = mkOption {
@@ -377,6 +377,14 @@ let
 in
 {
   options.services.sglang-dflash = {
+    package = lib.mkPackageOption pkgs "sglang-dflash" { } // {
+      description = ''
+        The sglang-dflash package every instance runs unless it sets its own. The flake's
+        nixosModules.default sets it (mkDefault) from the host's pkgs with the flake's
+        overlay, so the module never sets nixpkgs.overlays.
+      '';
+    };
+
     instances = mkOption {
       type = types.attrsOf (types.submodule instanceModule);
       default = { };
