@@ -18,7 +18,7 @@ step() {  # name, command...
 }
 step metadata nix flake metadata --json "${O[@]}" .
 step show nix flake show --json "${O[@]}" .
-step check nix flake check --no-build "${O[@]}" .
+step check nix flake check --no-build --keep-going "${O[@]}" .
 for a in $(nix eval --json "${O[@]}" .#packages.$S --apply builtins.attrNames 2>/dev/null | tr -d '[]"' | tr , ' '); do
   step "drv-package-$a" nix eval --raw "${O[@]}" ".#packages.$S.$a.drvPath"
 done

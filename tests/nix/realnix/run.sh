@@ -4,7 +4,8 @@
 #   nixpkgs                 -> tests/nix/nixpkgs-standin + the real nixpkgs lib at ./lib
 #   uv2nix, pyproject-nix, pyproject-build-systems -> exported trees at the locked revisions
 # Env: SGLANG_DFLASH_TRIXIE_ROOT, SGLANG_DFLASH_NIXPKGS_LIB, SGLANG_DFLASH_UV2NIX,
-#      SGLANG_DFLASH_PYPROJECT_NIX, SGLANG_DFLASH_BUILD_SYSTEM_PKGS.
+#      SGLANG_DFLASH_PYPROJECT_NIX, SGLANG_DFLASH_BUILD_SYSTEM_PKGS;
+#      SGLANG_DFLASH_REALNIX_SRC (optional): run on that tree instead of this checkout.
 # Writes the commands' outputs to $OUT (default: a temp dir, printed); exits non-zero on the
 # first failing command. Run as root (chroot).
 set -euo pipefail
@@ -17,8 +18,13 @@ done
 
 h=$root/h
 rm -rf "$h" && mkdir -p "$h/in" "$h/out"
-# The flake as a user's checkout has it: tracked + untracked-not-ignored files.
-(cd "$repo" && git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$h/in" 2>/dev/null || true)
+# The flake as a user's checkout has it: tracked + untracked-not-ignored files (or, for the
+# harness's own tests, the tree SGLANG_DFLASH_REALNIX_SRC names).
+if [ -n "${SGLANG_DFLASH_REALNIX_SRC:-}" ]; then
+  cp -r "$SGLANG_DFLASH_REALNIX_SRC/." "$h/in/"
+else
+  (cd "$repo" && git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$h/in")
+fi
 mv "$h/in" "$h/src"
 mkdir -p "$h/nixpkgs"
 cp -r "$repo/tests/nix/nixpkgs-standin/." "$h/nixpkgs/"
