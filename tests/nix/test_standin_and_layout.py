@@ -40,6 +40,10 @@ def used_attrs() -> set[str]:
         for f in callpackaged) + " ]")
     for a in args:
         names |= set(a) - EXPLICIT
+    # pkgs.${a} for the fixup table's native libraries (pkgs/sglang-dflash/fixups.nix)
+    table = REPO / "pkgs/sglang-dflash/gpu-wheels.nix"
+    names |= set(nix_eval(f"builtins.concatLists (map (e: e.pkgs) (builtins.attrValues "
+                          f"(import {nix_literal(table)}).native))"))
     pins = load_pins()
     names |= {"python" + pins.python_package.replace(".", ""),
               "cudaPackages_" + pins.cuda_version.replace(".", "_")}
