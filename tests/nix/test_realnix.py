@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import tomllib
 from pathlib import Path
@@ -162,3 +163,39 @@ def test_the_harness_reports_each_defect_of_issue_13(tmp_path):
         assert f"flake attribute 'checks.x86_64-linux.{attr}' is not a derivation" in check
     vm = (out / "drv-check-vm-standin.err").read_text()
     assert "nixpkgs.overlays is set to read-only" in vm
+
+
+def test_two_instances_render_both_units(harness):
+    out, _ = harness
+    got = json.loads((out / "module-two-instances.out").read_text())
+    assert got["firewall"] == [30001]
+    for name, algo in (("small", "dflash"), ("tree", "ddtree")):
+        unit = got["units"][name]
+        sc = unit["serviceConfig"]
+        assert unit["description"] == f"SGLang DFlash/DDTree server {name} ({algo})"
+        assert unit["wantedBy"] == ["multi-user.target"]
+        assert sc["Type"] == "notify" and sc["DevicePolicy"] == "closed"
+        assert sc["DynamicUser"] is True and sc["StateDirectory"] == f"sglang-dflash-{name}"
+        assert re.fullmatch(rf"/nix/store/\S+/bin/sglang-dflash serve --config "
+                            rf"/nix/store/\S+-sglang-dflash-{name}\.json", sc["ExecStart"])
+        assert unit["environment"]["LD_LIBRARY_PATH"] == "/run/opengl-driver/lib"
+    assert "check --offline --config" in got["units"]["tree"]["serviceConfig"]["ExecStartPre"]
+    assert "ExecStartPre" not in got["units"]["small"]["serviceConfig"]
+
+
+@pytest.mark.parametrize(("case", "message"), [
+    ("same-port", 'Failed assertions:\n- services.sglang-dflash: instances "small" and "tree" '
+                  "both listen on 127.0.0.1:30001 / 127.0.0.1:30001"),
+    ("same-gpu", '- services.sglang-dflash: GPU 1 is used by instances "small", "tree"'),
+    ("bad-port", "A definition for option `services.sglang-dflash.instances.small.port' is not "
+                 "of type `16 bit unsigned integer; between 0 and 65535 (both inclusive)'"),
+    ("bad-algorithm", "`services.sglang-dflash.instances.small.algorithm' is not of type "
+                      '`one of "dflash", "ddtree", "none"\''),
+    ("misspelt-option", "The option `services.sglang-dflash.instances.small.draftModle' does "
+                        "not exist."),
+])
+def test_bad_configurations_fail_with_nixos_messages(harness, case, message):
+    out, _ = harness
+    assert (out / f"module-{case}.out").read_text() == ""
+    err = (out / f"module-{case}.err").read_text()
+    assert message in re.sub(r"\n\s+", "\n", err), err[-800:]

@@ -36,5 +36,12 @@ step fetches bash -c "nix derivation show -r $(printf '%q ' "${O[@]}") .#sglang-
 for t in uv2nix pyproject-nix build-system-pkgs; do
   step "hash-$t" nix hash path "/h/$t"
 done
+# NixOS-style module evaluations (tests/nix/realnix/module-case.nix); the failing cases are
+# expected to fail: their stderr is the result the pytest wrapper reads.
+for c in two-instances same-port same-gpu bad-port bad-algorithm misspelt-option; do
+  nix-instantiate --eval --strict --json /h/src/tests/nix/realnix/module-case.nix \
+    --arg standin /h/nixpkgs --arg src /h/src --argstr case "$c" \
+    > "/h/out/module-$c.out" 2> "/h/out/module-$c.err"; echo "module case $c: rc=$?"
+done
 echo "fails=$fails"
 exit $((fails > 0))
