@@ -8,8 +8,11 @@
 set -euo pipefail
 root=${1:-${SGLANG_DFLASH_TRIXIE_ROOT:-/work/deps/trixie-root}}
 mirror=${SGLANG_DFLASH_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+nix_version() {  # nix needs /proc; the mounts vanish with the namespace
+  unshare -m --propagation private sh -c "mount -t proc proc '$1/proc' && chroot '$1' nix --version"
+}
 if [ -e "$root/.sglang-dflash-ready" ]; then
-  chroot "$root" nix --version
+  nix_version "$root"
   exit 0
 fi
 command -v debootstrap >/dev/null || { apt-get update -qq && apt-get install -y -qq debootstrap >/dev/null; }
@@ -30,5 +33,5 @@ substituters =
 build-users-group =
 CONF
 touch "$tmp/.sglang-dflash-ready"
-rm -rf "$root" && mv "$tmp" "$root"
-chroot "$root" nix --version
+rm -rf "$root" && mkdir -p "$(dirname "$root")" && mv "$tmp" "$root"
+nix_version "$root"
