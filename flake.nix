@@ -49,10 +49,15 @@
         overlays = [ overlay ];
       };
 
-      nixosModule = {
-        imports = [ ./modules/sglang-dflash.nix ];
-        nixpkgs.overlays = [ overlay ];
-      };
+      # The module takes its default package from the host's own pkgs plus this flake's
+      # overlay, without setting nixpkgs.overlays: a NixOS configuration with read-only pkgs
+      # (nixpkgs.pkgs, as testers.runNixOSTest's nodes have) must be able to import it.
+      nixosModule =
+        { lib, pkgs, ... }:
+        {
+          imports = [ ./modules/sglang-dflash.nix ];
+          services.sglang-dflash.package = lib.mkDefault (pkgs.sglang-dflash or (overlay pkgs pkgs).sglang-dflash);
+        };
     in
     {
       overlays.default = overlay;
@@ -69,13 +74,19 @@
 
       devShells.${system}.default = pkgs.callPackage ./pkgs/devshell.nix { };
 
-      checks.${system} = pkgs.callPackage ./pkgs/checks {
+      # callPackages (plural): each check is overridable, the set itself gets no
+      # override/overrideDerivation attributes (which `nix flake check` would reject).
+      checks.${system} = pkgs.callPackages ./pkgs/checks {
         src = ./.;
         inherit (lib) nixosSystem;
         inherit nixosModule;
       };
 
-      apps.${system} = pkgs.callPackage ./pkgs/apps.nix { };
+      # A plain function call: an app is { type, program, meta } and nothing else.
+      apps.${system} = import ./pkgs/apps.nix {
+        inherit lib;
+        inherit (pkgs) writeShellApplication sglang-dflash sglang-dflash-check;
+      };
 
       formatter.${system} = pkgs.nixfmt-tree;
     };

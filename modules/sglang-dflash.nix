@@ -13,10 +13,11 @@ let
   shared = lib.importJSON ../src/sglang_dflash/unit-hardening.json;
   directives = entries: lib.listToAttrs (map (e: lib.nameValuePair e.key e.value) entries);
 
-  # Keep in step with START_TIMEOUT_MARGIN_S in src/sglang_dflash/unit.py.
-  startTimeoutMargin = 300;
-  budgetMin = 1;
-  budgetMax = 1023;
+  # Ranges, the instance-name pattern and the start-timeout margin, shared with
+  # sglang_dflash.config (one data file, read by both).
+  limits = lib.importJSON ../src/sglang_dflash/limits.json;
+  between = r: types.ints.between r.min r.max;
+  startTimeoutMargin = limits.startTimeoutMarginS;
   wildcardHosts = [ "0.0.0.0" "::" ];
 
   instanceModule = { name, config, ... }: {
@@ -25,9 +26,9 @@ let
 
       package = mkOption {
         type = types.package;
-        default = pkgs.sglang-dflash;
-        defaultText = literalExpression "pkgs.sglang-dflash";
-        description = "The sglang-dflash package (pinned SGLang + DDTree overlay + CLI) to run.";
+        default = cfg.package;
+        defaultText = literalExpression "config.services.sglang-dflash.package";
+        description = "The sglang-dflash package (pinned SGLang + DDTree overlay + CLI) this instance runs.";
       };
 
       model = mkOption {
@@ -65,15 +66,15 @@ let
         '';
       };
       ddtree.budget = mkOption {
-        type = types.int;
-        default = 64;
+        type = between limits.ddtreeBudget;
+        default = limits.ddtreeBudget.default;
         description = ''
-          DDTree node budget (1..1023): the verify width is budget + 1 tokens per request.
+          DDTree node budget: the verify width is budget + 1 tokens per request.
           Only used when algorithm = "ddtree".
         '';
       };
       blockSize = mkOption {
-        type = types.nullOr types.ints.positive;
+        type = types.nullOr (between limits.blockSize);
         default = null;
         description = "DFlash block size (--speculative-dflash-block-size); null reads it from the draft model's config.";
       };
@@ -98,7 +99,7 @@ let
         '';
       };
       tensorParallelSize = mkOption {
-        type = types.ints.positive;
+        type = between limits.tensorParallelSize;
         default = lib.max 1 (builtins.length config.gpus);
         defaultText = literalExpression "max 1 (length gpus)";
         description = "Tensor-parallel size (--tp-size); must equal the number of GPUs.";
@@ -121,12 +122,12 @@ let
         description = "Attention backend of the draft model (--speculative-draft-attention-backend).";
       };
       contextLength = mkOption {
-        type = types.nullOr types.ints.positive;
+        type = types.nullOr (between limits.contextLength);
         default = null;
         description = "Maximum context length (--context-length); null uses the model's.";
       };
       maxRunningRequests = mkOption {
-        type = types.nullOr types.ints.positive;
+        type = types.nullOr (between limits.maxRunningRequests);
         default = null;
         description = "Maximum concurrently running requests (--max-running-requests).";
       };
@@ -197,7 +198,7 @@ let
         description = "Run `sglang-dflash check --offline --config <instance config>` in ExecStartPre (it also validates the config): a broken environment never starts, and the journal says why.";
       };
       startTimeout = mkOption {
-        type = types.ints.positive;
+        type = between limits.startTimeout;
         default = 1800;
         description = ''
           Seconds SGLang may take to answer /health (weights download, kernel JIT, CUDA graph
@@ -280,8 +281,8 @@ let
   instanceAssertions = name: i:
     let p = "services.sglang-dflash.instances.${name}"; in [
       {
-        assertion = builtins.match "[A-Za-z0-9][A-Za-z0-9_.-]{0,63}" name != null;
-        message = "${p}: the instance name must match [A-Za-z0-9][A-Za-z0-9_.-]{0,63} (it names a unit).";
+        assertion = builtins.match limits.instanceName name != null;
+        message = "${p}: the instance name must match ${limits.instanceName} (it names a unit).";
       }
       {
         assertion = i.gpus == [ ] || i.tensorParallelSize == builtins.length i.gpus;
@@ -296,10 +297,6 @@ let
         assertion = i.algorithm == "none" || i.draftModel != null;
         message = "${p}: algorithm = \"${i.algorithm}\" needs draftModel (a DFlash draft model); "
           + "set it, or use algorithm = \"none\" for a baseline.";
-      }
-      {
-        assertion = i.ddtree.budget >= budgetMin && i.ddtree.budget <= budgetMax;
-        message = "${p}.ddtree.budget = ${toString i.ddtree.budget} is outside ${toString budgetMin}..${toString budgetMax}.";
       }
       {
         assertion = i.apiKey == null && !(hasFlag [ "--api-key" "--admin-api-key" ] i);
@@ -336,7 +333,19 @@ let
   mkService = name: i:
     let
       exe = "${i.package}/bin/sglang-dflash";
-      configFile = pkgs.writeText "sglang-dflash-${name}.json" (builtins.toJSON i.finalConfig);
+      # The instance config, validated at build time by the project's own validator (the
+      # renderer serve uses), as nixpkgs checks generated configuration files.
+      configFile =
+        pkgs.runCommand "sglang-dflash-${name}.json"
+          {
+            nativeBuildInputs = [ i.package ];
+            config = builtins.toJSON i.finalConfig;
+            passAsFile = [ "config" ];
+          }
+          ''
+            cp "$configPath" "$out"
+            HOME="$(mktemp -d)" sglang-dflash serve --config "$out" --print-argv > /dev/null
+          '';
       sub = "sglang-dflash-${name}"; # one flat directory per instance, no shared parent
     in
     lib.nameValuePair "sglang-dflash-${name}" {
@@ -377,6 +386,14 @@ let
 in
 {
   options.services.sglang-dflash = {
+    package = lib.mkPackageOption pkgs "sglang-dflash" { } // {
+      description = ''
+        The sglang-dflash package every instance runs unless it sets its own. The flake's
+        nixosModules.default sets it (mkDefault) from the host's pkgs with the flake's
+        overlay, so the module never sets nixpkgs.overlays.
+      '';
+    };
+
     instances = mkOption {
       type = types.attrsOf (types.submodule instanceModule);
       default = { };

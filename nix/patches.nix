@@ -3,7 +3,7 @@
 # so name them 0001-…, 0002-…). An absent or empty directory is an empty series.
 # Builtins only, so Nix 2.8 can evaluate it in CI.
 {
-  patchesRoot ? ../overlays/patches,
+  patchesRoot, # e.g. <workspace>/overlays/patches
   dirName,
 }:
 let

@@ -10,6 +10,10 @@
 final: _prev:
 let
   pins = import ../nix/pins.nix { pinsFile = workspaceRoot + "/src/sglang_dflash/pins.toml"; };
+  patches = import ../nix/patches.nix {
+    patchesRoot = workspaceRoot + "/overlays/patches";
+    dirName = pins.patchDirName;
+  };
 in
 {
   sglang-dflash = final.callPackage ../pkgs/sglang-dflash {
@@ -19,7 +23,10 @@ in
       pyproject-build-systems
       workspaceRoot
       pins
+      patches
       ;
+    # The Python-set overlay stack lives here (overlays/); pkgs/ never imports overlays/.
+    mkPythonOverlay = import ./python.nix;
   };
   sglang-dflash-check = final.callPackage ../pkgs/sglang-dflash-check.nix { };
 }

@@ -20,7 +20,7 @@ let
         example
         extra
         {
-          # nixosModule adds the overlay; the CUDA toolkit in the runtime env is unfree.
+          # nixosModule takes its package from pkgs + the overlay; the CUDA toolkit is unfree.
           nixpkgs.hostPlatform = pkgs.stdenv.hostPlatform.system;
           nixpkgs.config.allowUnfree = true;
           boot.isContainer = true;

@@ -12,18 +12,18 @@
   pyproject-build-systems,
   workspaceRoot,
   pins,
+  # The patch series (overlays/patches/sglang-<pin>/), listed by overlays/default.nix.
+  patches,
+  # overlays/python.nix, passed in by overlays/default.nix (the import direction is
+  # flake.nix -> overlays/ -> pkgs/).
+  mkPythonOverlay,
 }:
 let
   python = pkgs.${pins.pythonAttr};
   cudaPackages = pkgs.${pins.cudaPackagesAttr};
 
   workspace = uv2nix.lib.workspace.loadWorkspace { inherit workspaceRoot; };
-  patches = import ../../nix/patches.nix {
-    patchesRoot = workspaceRoot + "/overlays/patches";
-    dirName = pins.patchDirName;
-  };
-
-  pythonOverlay = import ../../overlays/python.nix {
+  pythonOverlay = mkPythonOverlay {
     inherit
       lib
       pkgs

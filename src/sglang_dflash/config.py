@@ -18,12 +18,15 @@ from pathlib import Path
 from typing import Any
 
 ALGORITHMS = ("none", "dflash", "ddtree")
-BUDGET_MIN, BUDGET_MAX = 1, 1023
-DEFAULT_BUDGET = 64
+# Ranges, names and margins shared with the NixOS module (its option types read the same file).
+LIMITS: dict[str, Any] = json.loads(Path(__file__).with_name("limits.json").read_text())
+BUDGET_MIN, BUDGET_MAX = LIMITS["ddtreeBudget"]["min"], LIMITS["ddtreeBudget"]["max"]
+DEFAULT_BUDGET = LIMITS["ddtreeBudget"]["default"]
+START_TIMEOUT_MARGIN_S = LIMITS["startTimeoutMarginS"]
 DEFAULT_PORT = 30000
 DEFAULT_START_TIMEOUT = 1800
 DDTREE_BUDGET_ENV = "SGLANG_DFLASH_DDTREE_BUDGET"
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+NAME_RE = re.compile("^" + LIMITS["instanceName"] + "$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 # Keys whose value follows a flag in SGLang's argv: a leading '-' would be parsed as a flag.
@@ -132,6 +135,11 @@ def _check_type(key: str, value: Any, types: tuple[type, ...], nullable: bool) -
         raise ConfigError(f"{key}: must be {_type_name(types)}, got a boolean")
     if not isinstance(value, types):
         raise ConfigError(f"{key}: must be {_type_name(types)}, got {type(value).__name__}")
+
+
+def _limit(key: str, value: int | float | None) -> None:
+    """`_in_range` with the range limits.json gives `key` (the module's option types too)."""
+    _in_range(key, value, LIMITS[key]["min"], LIMITS[key]["max"])
 
 
 def _in_range(key: str, value: int | float | None, lo: float, hi: float) -> None:
@@ -258,10 +266,10 @@ def parse_config(raw: Any) -> InstanceConfig:
     if algorithm != "none" and not values.get("draft_model"):
         raise ConfigError(f"draftModel: algorithm {algorithm!r} needs a draft model")
     _in_range("port", values.get("port"), 1, 65535)
-    _in_range("blockSize", values.get("block_size"), 1, 1024)
-    _in_range("contextLength", values.get("context_length"), 1, 1 << 24)
-    _in_range("maxRunningRequests", values.get("max_running_requests"), 1, 1 << 20)
-    _in_range("startTimeout", values.get("start_timeout"), 1, 7 * 24 * 3600)
+    _limit("blockSize", values.get("block_size"))
+    _limit("contextLength", values.get("context_length"))
+    _limit("maxRunningRequests", values.get("max_running_requests"))
+    _limit("startTimeout", values.get("start_timeout"))
     mfs = values.get("mem_fraction_static")
     if mfs is not None and (not math.isfinite(mfs) or not 0 < mfs < 1):
         raise ConfigError(f"memFractionStatic: {mfs} must be in (0, 1)")
@@ -278,7 +286,7 @@ def parse_config(raw: Any) -> InstanceConfig:
     tp = values.get("tensor_parallel_size")
     if tp is None:
         tp = max(len(gpus), 1)
-    _in_range("tensorParallelSize", tp, 1, 1024)
+    _limit("tensorParallelSize", tp)
     if gpus and tp != len(gpus):
         raise ConfigError(
             f"tensorParallelSize: {tp} does not match the {len(gpus)} GPU(s) in gpus {list(gpus)}"

@@ -4,7 +4,7 @@
 # and the messages of failed assertions.
 #   nix-instantiate --eval --strict --json tests/module/eval.nix \
 #     --arg lib 'import /path/to/nixpkgs-lib/lib' --arg configuration '{ ... }'
-{ lib, configuration }:
+{ lib, configuration, pkgsExtra ? { } }:
 let
   inherit (lib) mkOption types;
   stubs = {
@@ -24,9 +24,10 @@ let
       outPath = "${builtins.storeDir}/00000000000000000000000000000000-sglang-dflash-0.1.0";
     };
     writeText = name: _text: "${builtins.storeDir}/11111111111111111111111111111111-${name}";
+    runCommand = name: _env: _script: "${builtins.storeDir}/11111111111111111111111111111111-${name}";
   };
   evaluated = lib.evalModules {
-    modules = [ stubs ../../modules/sglang-dflash.nix configuration { _module.args.pkgs = pkgs; } ];
+    modules = [ stubs ../../modules/sglang-dflash.nix configuration { _module.args.pkgs = pkgs // pkgsExtra; } ];
   };
   cfg = evaluated.config;
 in

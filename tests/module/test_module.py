@@ -206,14 +206,6 @@ ASSERTIONS = {
         '{ a = { model = "m"; algorithm = "ddtree"; }; }',
         'instances.a: algorithm = "ddtree" needs draftModel',
     ),
-    "budget-low": (
-        '{ a = { model = "m"; draftModel = "d"; algorithm = "ddtree"; ddtree.budget = 0; }; }',
-        "instances.a.ddtree.budget = 0 is outside 1..1023",
-    ),
-    "budget-high": (
-        '{ a = { model = "m"; draftModel = "d"; algorithm = "ddtree"; ddtree.budget = 1024; }; }',
-        "instances.a.ddtree.budget = 1024 is outside 1..1023",
-    ),
     "inline-key": (
         '{ a = { model = "m"; algorithm = "none"; apiKey = "sk-1"; }; }',
         "instances.a: an inline API key",
@@ -256,6 +248,20 @@ def test_assertion_fires_with_clear_message(case):
     failed = evaluate(instances)["failedAssertions"]
     assert len(failed) == 1, failed
     assert message in failed[0], failed
+
+
+@pytest.mark.parametrize("budget", [0, 1024])
+def test_budget_range_is_the_option_type_and_the_validators(budget):
+    """The range lives in the option type (types.ints.between, from limits.json) and the
+    Python validator refuses the same values: both read src/sglang_dflash/limits.json."""
+    from sglang_dflash.config import ConfigError, parse_config
+
+    err = eval_error('{ a = { model = "m"; draftModel = "d"; algorithm = "ddtree"; '
+                     f'ddtree.budget = {budget}; }}; }}')
+    assert "ddtree.budget' is not of type `integer between 1 and 1023 (both inclusive)'" in err
+    with pytest.raises(ConfigError, match=r"ddtree\.budget"):
+        parse_config({"name": "a", "model": "m", "draftModel": "d", "algorithm": "ddtree",
+                         "ddtree": {"budget": budget}})
 
 
 def test_wrong_option_type_fails_evaluation():

@@ -15,6 +15,7 @@ let
       name = "sglang-dflash";
     };
     writeText = name: _text: "/nix/store/00000000000000000000000000000000-${name}";
+    runCommand = name: _env: _script: "/nix/store/00000000000000000000000000000000-${name}";
   };
   nixosOptions = {
     options = {

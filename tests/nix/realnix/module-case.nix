@@ -1,0 +1,48 @@
+# A NixOS-style evaluation of nixosModules.default's module file through the NixOS stand-in
+# (tests/nix/nixpkgs-standin/nixos, real lib), run by Nix 2.26 in the harness:
+#   nix-instantiate --eval --strict --json module-case.nix --arg standin /h/nixpkgs \
+#     --arg src /h/src --argstr case two-instances
+# Cases: the two-instance example (prints both units), and configurations that must fail
+# with the module's assertion messages or NixOS's own type errors.
+{
+  standin,
+  src,
+  case,
+}:
+let
+  lib = import (standin + "/lib");
+  example = import (src + "/tests/nix/module-example.nix");
+  cases = {
+    two-instances = { };
+    same-port.services.sglang-dflash.instances.small = {
+      port = lib.mkForce 30001;
+    };
+    same-gpu.services.sglang-dflash.instances.small.gpus = lib.mkForce [ 1 ];
+    bad-port.services.sglang-dflash.instances.small.port = lib.mkForce "abc";
+    bad-algorithm.services.sglang-dflash.instances.small.algorithm = lib.mkForce "bogus";
+    misspelt-option.services.sglang-dflash.instances.small.draftModle = "x";
+  };
+  config =
+    (import (standin + "/nixos/eval-config.nix") {
+      inherit lib;
+      modules = [
+        (src + "/modules/sglang-dflash.nix")
+        example
+        cases.${case}
+        {
+          nixpkgs.hostPlatform = "x86_64-linux";
+          services.sglang-dflash.package = (import standin { inherit lib; }).writeShellScriptBin "sglang-dflash" "";
+        }
+      ];
+    }).config;
+  unit = n: config.systemd.services."sglang-dflash-${n}";
+in
+# Forcing the toplevel throws NixOS's "Failed assertions:" list, as nixos-rebuild would.
+builtins.seq config.system.build.toplevel.drvPath {
+  units = lib.genAttrs [ "small" "tree" ] (n: {
+    inherit (unit n) description after wantedBy;
+    serviceConfig = lib.mapAttrs (_: v: if lib.isDerivation v then "${v}" else v) (unit n).serviceConfig;
+    environment = (unit n).environment;
+  });
+  firewall = config.networking.firewall.allowedTCPPorts;
+}
