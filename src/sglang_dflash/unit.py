@@ -20,11 +20,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from sglang_dflash.config import ConfigError, InstanceConfig, load_config
+from sglang_dflash.config import START_TIMEOUT_MARGIN_S, ConfigError, InstanceConfig, load_config
 
 NIX_PROFILE_PATH = "/nix/var/nix/profiles/sglang-dflash"  # the documented `nix profile` spot
 DEFAULT_DRIVER_LIB = "/run/opengl-driver/lib"
-START_TIMEOUT_MARGIN_S = 300  # preflight + serve's own startTimeout handling, as a backstop
 CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 # A user or group name (or numeric id) systemd accepts; anything else is a typo or an injection.
 ACCOUNT_RE = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_.-]{0,31}|[0-9]+)$")
