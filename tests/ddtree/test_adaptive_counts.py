@@ -90,6 +90,10 @@ def test_root_tree_is_a_plain_decode_step():
     mask = full_mask(tree, seq_lens, seq_lens_sum=int(seq_lens.sum()))
     assert mask.numel() == int(seq_lens.sum()) + 3 and bool(mask.all())
     assert path_counts(acc.accept_index, 1, torch.tensor([1, 3])).tolist() == [0.0, 0.0]
+    # SGLang's verify_tree_greedy refuses non-contiguous candidates (H200, 2026-12-02): the
+    # roots come as a column of the draft block, which is not contiguous
+    block = torch.arange(3 * 16).view(3, 16)
+    assert root_tree(block[:, 0], seq_lens, 15).tokens.is_contiguous()
 
 
 def test_meter_hands_back_rounds_in_order_with_means():

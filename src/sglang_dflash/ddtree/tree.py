@@ -276,7 +276,7 @@ def root_tree(root_tokens: torch.Tensor, seq_lens: torch.Tensor, max_depth: int)
     col = torch.zeros(bs, 1, dtype=torch.long, device=dev)
     none = torch.full((bs, 1), -1, dtype=torch.long, device=dev)
     return DDTree(
-        tokens=root_tokens.long().view(bs, 1),
+        tokens=root_tokens.long().reshape(bs, 1).contiguous(),  # SGLang's walk needs it
         parents=none,
         depths=col,
         ranks=col,

@@ -242,7 +242,7 @@ class AdaptivePolicy:
         probe_min: int = 16,
         probe_max: int = 256,
         hysteresis: float = 0.03,
-        cost_samples: int = 2,
+        cost_samples: int = 3,
     ):
         self.schedule = schedule
         self.alpha = alpha
@@ -304,10 +304,12 @@ class AdaptivePolicy:
                 old = s.accept.get(n)
                 s.accept[n] = v if old is None else (1 - a) * old + a * v
         if cost_ms is not None and cost_ms > 0 and ran in s.candidates:
-            old = s.cost.get(ran)
-            s.cost[ran] = cost_ms if old is None else (1 - a) * old + a * cost_ms
             key = (padded_bs, ran)
-            self._cost_seen[key] = self._cost_seen.get(key, 0) + 1
+            seen = self._cost_seen.get(key, 0)
+            self._cost_seen[key] = seen + 1
+            if seen >= 1:  # the first round of a width pays one-off costs (H200: 347 ms at N=16)
+                old = s.cost.get(ran)
+                s.cost[ran] = cost_ms if old is None else (1 - a) * old + a * cost_ms
         best = max(s.candidates, key=lambda n: self.value(s, n))
         if self.value(s, best) == -math.inf:
             return s.current
