@@ -100,6 +100,13 @@ def _renorm_kernels(sampling_backend, device):
     return renorm
 
 
+def _timing_event_factory():
+    """Timing events for the profiler and the adaptive meter: CUDA events, host clocks off GPU."""
+    if is_cuda():
+        return lambda: torch.cuda.Event(enable_timing=True)
+    return profile_mod.HostEvent
+
+
 def _tree_kernel():
     """SGLang's ``verify_tree_greedy`` dispatcher on CUDA/HIP; None = torch walk."""
     if is_cuda() or is_hip():
@@ -231,10 +238,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         """Round counters for the adaptive policy (None with a fixed budget)."""
         if self._policy is None:
             return None
-        if is_cuda():
-            factory = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
-            return adaptive_mod.RoundMeter(factory, pin=True)
-        return adaptive_mod.RoundMeter(profile_mod.HostEvent, pin=False)
+        return adaptive_mod.RoundMeter(_timing_event_factory(), pin=is_cuda())
 
     def _load_plant(self):
         path = os.environ.get(settings.PLANT_ENV, "").strip()
@@ -254,10 +258,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         """Per-round stage timing when SGLANG_DFLASH_DDTREE_PROFILE names a file (rank 0)."""
         if self.ps.tp_rank != 0:
             return None
-        if is_cuda():
-            factory = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
-        else:
-            factory = profile_mod.HostEvent
+        factory = _timing_event_factory()
         prof = profile_mod.from_env(
             event_factory=factory,
             extra={"budget": budget, "draft_width": self.ddtree.draft_width,
