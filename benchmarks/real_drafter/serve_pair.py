@@ -1,0 +1,358 @@
+"""Serve the trained pair (``real_drafter.train``) through ``sglang-dflash serve``, one mode
+after another, and record what issue 15 asks: ``check --url``, greedy identity across modes,
+seeded T > 0 identity, accept length per mode, tok/s at c = 1 / 8 / 32 with 256-token outputs.
+
+Runs ON the GPU host (staged site first on PYTHONPATH, no network), from the repo root:
+
+    PYTHONPATH=/root/site:src:benchmarks python3 -m real_drafter.serve_pair \\
+        --pair /root/pair --out $OUT/serve --site /root/site --time-budget-s 540 \\
+        none dflash ddtree:16 adaptive:16 ddtree:64
+
+Modes (each may end in ``@flashinfer`` / ``@triton``, default ``--backend``):
+``none``, ``dflash``, ``ddtree:<N>`` (fixed budget), ``adaptive:<N>`` (DDTree with
+SGLANG_DFLASH_DDTREE_POLICY=adaptive, largest budget N), ``seeded:<mode>`` (T > 0 as token
+identity under ``--enable-deterministic-inference``: a seeded no-speculation server once per
+run, then ``<mode>``; the drafter is the real one, nothing planted).
+
+Per mode: ready time, ``check --url``, the first ``--greedy-prompts`` held-out prompts one at a
+time (output ids, SGLang's per-request spec_accept_length / verify_ct / histogram), the same
+prompts at once (batch-size > 1 identity), then one ``sglang-dflash bench`` per level (steady
+state: ``--requests-per-level`` x c requests, 256 tokens, ignore_eos). ``results.json`` is
+rewritten after every mode, so a call cut off at its time limit still returns the rest.
+The server helpers are ``scripts/gpu_e2e.py``'s (one implementation of start/wait/stop).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import gpu_e2e as e2e  # scripts/ is not a package
+
+LEVELS = (1, 8, 32)
+NEW_TOKENS = 256
+POLICY_ENV = "SGLANG_DFLASH_DDTREE_POLICY"
+POLICY_LOG = "DDTree adaptive policy: "
+DETERMINISTIC = "--enable-deterministic-inference"
+
+
+def parse_mode(mode: str) -> tuple[str, int | None, bool]:
+    """``ddtree:16`` -> (algorithm, budget, adaptive); a one-line ValueError otherwise."""
+    head, _, arg = mode.partition(":")
+    if head in ("none", "dflash") and not arg:
+        return head, None, False
+    if head in ("ddtree", "adaptive") and arg.isdigit() and int(arg) > 0:
+        return "ddtree", int(arg), head == "adaptive"
+    raise ValueError(f"unknown mode {mode!r}: none, dflash, ddtree:<N>, adaptive:<N>")
+
+
+def mode_label(mode: str) -> str:
+    """The label issue 15's JSON uses: none | dflash | ddtree-<N> | ddtree-adaptive-<N>."""
+    algorithm, budget, adaptive = parse_mode(mode)
+    if algorithm != "ddtree":
+        return algorithm
+    return f"ddtree-adaptive-{budget}" if adaptive else f"ddtree-{budget}"
+
+
+def pair_config(pair: Path, name: str, mode: str, backend: str, *,
+                deterministic: bool = False) -> dict:
+    """The instance config of one mode: the pair's real weights and tokenizer."""
+    algorithm, budget, adaptive = parse_mode(mode)
+    extra = ["--sampling-backend", "pytorch", "--cuda-graph-max-bs", "32",
+             "--cuda-graph-backend-prefill", "disabled", "--dtype", "bfloat16"]
+    if deterministic:
+        extra.append(DETERMINISTIC)
+    cfg: dict = {
+        "name": name, "model": str(pair / "target"), "algorithm": algorithm,
+        "port": e2e.PORT, "gpus": [0], "memFractionStatic": 0.6, "attentionBackend": backend,
+        "contextLength": 2048, "preflight": False, "startTimeout": 420, "extraArgs": extra,
+    }
+    if algorithm != "none":
+        cfg |= {"draftModel": str(pair / "draft"), "draftAttentionBackend": backend}
+    if budget is not None:
+        cfg["ddtree"] = {"budget": budget}
+    if adaptive:
+        cfg["environment"] = {POLICY_ENV: "adaptive"}
+    return cfg
+
+
+def load_prompts(pair: Path) -> list[dict]:
+    return [json.loads(line) for line in (pair / "prompts.jsonl").read_text().splitlines()
+            if line.strip()]
+
+
+def bench_file(out: Path, prompts: list[dict]) -> Path:
+    """The held-out prompts as bench input (ids only: bench takes exactly one of text/ids)."""
+    path = out / "bench-prompts.jsonl"
+    path.write_text("".join(json.dumps({"input_ids": p["input_ids"]}) + "\n" for p in prompts))
+    return path
+
+
+def generate(url: str, ids: list[int], params: dict | None = None) -> dict:
+    sp = {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True} | (params or {})
+    return e2e.http_json(url + "/generate", {"input_ids": ids, "sampling_params": sp},
+                         timeout=300)
+
+
+def seeded_params(i: int) -> dict:
+    return {"temperature": 0.8, "top_p": 0.95, "sampling_seed": 1000 + i}
+
+
+def run_requests(url: str, prompts: list[dict], params, parallel: bool) -> list[dict]:
+    """Outputs and SGLang's per-request spec counters, one at a time or all at once."""
+    def one(i: int) -> dict:
+        r = generate(url, prompts[i]["input_ids"], params(i) if params else None)
+        meta = r.get("meta_info", {})
+        return {"output": r["output_ids"],
+                **{k: meta.get(k) for k in ("spec_accept_length", "spec_verify_ct",
+                                            "spec_accept_histogram", "completion_tokens")}}
+    idx = range(len(prompts))
+    if not parallel:
+        return [one(i) for i in idx]
+    with cf.ThreadPoolExecutor(len(prompts)) as pool:
+        return list(pool.map(one, idx))
+
+
+def bench_levels(opts, url: str, name: str, prompts: Path, per_level: int) -> list[dict]:
+    """One bench per concurrency level, each with per_level x c requests (steady state)."""
+    rows = []
+    for c in LEVELS:
+        out = opts.out / f"bench-{name}-c{c}.json"
+        left = opts.clock.left()
+        if left < e2e.BENCH_MIN_S:
+            rows.append({"concurrency": c, "skipped": f"time budget: {left:.0f}s left"})
+            continue
+        args = ["bench", "--url", url, "--concurrency", str(c), "--num-prompts",
+                str(per_level * c), "--max-new-tokens", str(NEW_TOKENS), "--prompts",
+                str(prompts), "--json", str(out), "--quiet"]
+        res = e2e.sh(e2e.cli(args), env=opts.env, timeout=max(10.0, min(200.0, left - 15)))
+        row: dict = {"concurrency": c, "rc": res["rc"], "seconds": res["seconds"]}
+        if out.exists():
+            summ = [s for s in json.loads(out.read_text()).get("summaries", [])
+                    if s.get("concurrency") == c]
+            if summ:
+                row |= {"tok_s": summ[0].get("output_tokens_per_s"),
+                        "accept_length": summ[0].get("accept_length"), "summary": summ[0]}
+        if res["rc"] != 0:
+            row["stderr"] = res["stderr"][-1500:]
+        rows.append(row)
+    return rows
+
+
+def policy_lines(log: Path) -> list[dict]:
+    """The adaptive policy's periodic summaries from the server log (worker logs every 500
+    rounds)."""
+    out = []
+    if log.exists():
+        for line in log.read_text(errors="replace").splitlines():
+            _, hit, tail = line.partition(POLICY_LOG)
+            if hit:
+                try:
+                    out.append(json.loads(tail))
+                except json.JSONDecodeError:
+                    out.append({"unparsed": tail[:300]})
+    return out
+
+
+def serve_mode(opts, pair: Path, mode: str, backend: str, prompts: list[dict],
+               greedy_n: int, per_level: int, bench_prompts: Path) -> dict:
+    algorithm, budget, _ = parse_mode(mode)
+    name = mode.replace(":", "-") + f"-{backend}"
+    cfg = pair_config(pair, name, mode, backend)
+    head = prompts[:greedy_n]
+    with e2e.running_server(opts, cfg, name) as (url, rec):
+        rec |= {"mode": mode, "label": mode_label(mode), "backend": backend}
+        if rec["ready_seconds"]:
+            expect = ["--expect-algorithm", algorithm]
+            if budget is not None:
+                expect += ["--expect-ddtree-budget", str(budget)]
+            chk = e2e.sh(e2e.cli(["check", "--url", url, "--layer", "live", *expect]),
+                         env=opts.env, timeout=120)
+            rec["check_url"] = {"rc": chk["rc"], "stdout": chk["stdout"][-3000:]}
+            t1 = time.monotonic()
+            rec["greedy"] = run_requests(url, head, None, parallel=False)
+            rec["greedy_seconds"] = round(time.monotonic() - t1, 2)
+            rec["greedy_parallel"] = run_requests(url, head, None, parallel=True)
+            _write_partial(opts, name, rec)
+            rec["bench"] = bench_levels(opts, url, name, bench_prompts, per_level)
+    rec["policy"] = policy_lines(opts.out / f"serve-{name}.log")
+    return rec
+
+
+def seeded_mode(opts, pair: Path, mode: str, backend: str, prompts: list[dict],
+                cache: dict) -> dict:
+    """Seeded T > 0: the no-speculation server's outputs (once per backend) vs ``mode``'s."""
+    head = prompts[: opts.seeded_n]
+    rec: dict = {"mode": f"seeded:{mode}", "backend": backend}
+    if backend not in cache:
+        name = f"seeded-none-{backend}"
+        cfg = pair_config(pair, name, "none", backend, deterministic=True)
+        with e2e.running_server(opts, cfg, name) as (url, r0):
+            if r0["ready_seconds"]:
+                r0["outputs"] = [r["output"] for r in run_requests(url, head, seeded_params,
+                                                                   parallel=False)]
+                r0["greedy"] = [r["output"] for r in run_requests(url, head, None,
+                                                                  parallel=False)]
+        cache[backend] = r0
+    base = cache[backend]
+    rec["none"] = {k: base.get(k) for k in ("ready_seconds", "serve_exit", "error")}
+    if not base.get("outputs"):
+        rec["error"] = "the seeded no-speculation server gave no outputs"
+        return rec
+    name = f"seeded-{mode.replace(':', '-')}-{backend}"
+    cfg = pair_config(pair, name, mode, backend, deterministic=True)
+    with e2e.running_server(opts, cfg, name) as (url, r1):
+        if r1["ready_seconds"]:
+            r1["rows"] = run_requests(url, head, seeded_params, parallel=False)
+    rows = r1.get("rows", [])
+    rec["spec"] = {k: r1.get(k) for k in ("ready_seconds", "serve_exit", "error")}
+    rec["rows"] = [{"identical": r["output"] == ref,
+                    "first_diff": e2e.first_diff(r["output"], ref),
+                    "accept_length": r["spec_accept_length"]}
+                   for r, ref in zip(rows, base["outputs"], strict=False)]
+    rec["summary"] = {
+        "all_identical": bool(rows) and all(r["identical"] for r in rec["rows"]),
+        "prompts": len(rows),
+        "sampled": any(o != g for o, g in zip(base["outputs"], base["greedy"], strict=False)),
+        "accept_length_mean": (sum(r["accept_length"] or 0 for r in rec["rows"]) / len(rows)
+                               if rows else None),
+    }
+    rec["policy"] = policy_lines(opts.out / f"serve-{name}.log")
+    return rec
+
+
+def _write_partial(opts, name: str, rec: dict) -> None:
+    (opts.out / f"{name}-partial.json").write_text(json.dumps(rec, indent=1))
+
+
+def greedy_compare(serves: dict) -> dict:
+    """Greedy outputs token-identical across modes, per backend (one at a time and at once)."""
+    res = {}
+    for kind in ("greedy", "greedy_parallel"):
+        groups: dict[str, dict] = {}
+        for m, r in serves.items():
+            if r.get(kind):
+                groups.setdefault(r["backend"], {})[m] = [x["output"] for x in r[kind]]
+        res[kind] = {b: e2e.compare_group(g) for b, g in groups.items()}
+    # every mode's all-at-once outputs against the none server's one-at-a-time ones
+    res["parallel_vs_none_sequential"] = {}
+    for m, r in serves.items():
+        none = next((x for x in serves.values() if x["label"] == "none"
+                     and x["backend"] == r["backend"] and x.get("greedy")), None)
+        if none and r.get("greedy_parallel"):
+            res["parallel_vs_none_sequential"][m] = [
+                e2e.first_diff(a["output"], b["output"])
+                for a, b in zip(r["greedy_parallel"], none["greedy"], strict=False)]
+    return res
+
+
+def served_rows(serves: dict) -> list[dict]:
+    """issue 15's ``served`` list: one row per (mode, concurrency)."""
+    rows = []
+    for r in serves.values():
+        for b in r.get("bench", []):
+            if "tok_s" in b:
+                rows.append({"mode": r["label"], "backend": r["backend"],
+                             "concurrency": b["concurrency"], "tok_s": b["tok_s"],
+                             "accept_length": b["accept_length"]})
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pair", type=Path, required=True, help="real_drafter.train's --out")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--site", required=True, help="the staged site dir")
+    ap.add_argument("--backend", default="triton", choices=e2e.BACKENDS)
+    ap.add_argument("--greedy-prompts", type=int, default=8)
+    ap.add_argument("--seeded-prompts", type=int, default=6)
+    ap.add_argument("--requests-per-level", type=int, default=4,
+                    help="requests per level = this x concurrency (>= 4: steady state)")
+    ap.add_argument("--time-budget-s", type=float, default=0)
+    ap.add_argument("modes", nargs="+")
+    args = ap.parse_args(argv)
+    steps = []
+    for m in args.modes:
+        base, _, backend = m.partition("@")
+        backend = backend or args.backend
+        inner = base.removeprefix("seeded:")
+        try:
+            parse_mode(inner)
+        except ValueError as exc:
+            print(f"serve_pair: {exc}", file=sys.stderr)
+            return 2
+        if backend not in e2e.BACKENDS:
+            print(f"serve_pair: unknown backend {backend!r}", file=sys.stderr)
+            return 2
+        steps.append((m, base, backend))
+    if not (args.pair / "prompts.jsonl").is_file():
+        print(f"serve_pair: {args.pair}/prompts.jsonl missing: run real_drafter.train first",
+              file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    site = [p for p in args.site.split(os.pathsep) if p]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(site), PYTHONUNBUFFERED="1")
+    opts = e2e.Opts(out=args.out, env=env, models=(args.pair / "target", args.pair / "draft"),
+                    backend=args.backend, bench=True, bench_prompts="pair",
+                    bench_concurrency=",".join(map(str, LEVELS)),
+                    bench_num_prompts=args.requests_per_level,
+                    clock=e2e.Clock(args.time_budget_s))
+    opts.seeded_n = args.seeded_prompts  # type: ignore[attr-defined]
+    prompts = load_prompts(args.pair)
+    bprompts = bench_file(args.out, prompts)
+    results: dict = {"modes": args.modes, "pair_report_sha256": None, "serve": {},
+                     "seeded": {}, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    report = args.pair / "report.json"
+    if report.exists():
+        import hashlib
+
+        results["pair_report_sha256"] = hashlib.sha256(report.read_bytes()).hexdigest()
+    seeded_cache: dict = {}
+    for m, base, backend in steps:
+        t0 = time.monotonic()
+        left = opts.clock.left()
+        try:
+            if left < e2e.STEP_MIN_S:
+                results["serve" if not base.startswith("seeded:") else "seeded"][m] = {
+                    "skipped": f"time budget: {left:.0f}s left"}
+            elif base.startswith("seeded:"):
+                results["seeded"][m] = seeded_mode(opts, args.pair, base.removeprefix("seeded:"),
+                                                   backend, prompts, seeded_cache)
+            else:
+                results["serve"][m] = serve_mode(opts, args.pair, base, backend, prompts,
+                                                 args.greedy_prompts, args.requests_per_level,
+                                                 bprompts)
+        except Exception as exc:  # recorded; the next mode still runs
+            results.setdefault("errors", {})[m] = f"{type(exc).__name__}: {exc}"
+        print(f"[serve_pair] {m}: {time.monotonic() - t0:.1f}s", flush=True)
+        serves = {k: v for k, v in results["serve"].items() if "label" in v}
+        results["compare"] = greedy_compare(serves)
+        results["served"] = served_rows(serves)
+        results["elapsed_s"] = round(time.monotonic() - opts.clock.t0, 1)
+        (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    print(json.dumps({
+        "compare": {k: {b: (g.get("identical") if isinstance(g, dict) else g)
+                        for b, g in v.items()}
+                    for k, v in results.get("compare", {}).items()},
+        "served": results.get("served"),
+        "ready": {m: r.get("ready_seconds") for m, r in results["serve"].items()},
+        "check_rc": {m: (r.get("check_url") or {}).get("rc") for m, r in results["serve"].items()},
+        "seeded": {m: r.get("summary", r.get("error", r.get("skipped")))
+                   for m, r in results["seeded"].items()},
+        "errors": results.get("errors", {}),
+        "serve_errors": {m: r.get("error") or r.get("serve_exit_before_ready")
+                         for m, r in results["serve"].items()
+                         if r.get("error") or r.get("serve_exit_before_ready")},
+        "elapsed_s": results.get("elapsed_s"),
+    }))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
