@@ -1,0 +1,186 @@
+"""Turn one GPU session's raw outputs (train report + serve_pair results) into the compact
+``docs/perf/real-drafter.json`` of issue 15 and its PNG. Raw files stay out of the tree; the
+summary records their sha256.
+
+    PYTHONPATH=src:benchmarks python3 -m real_drafter.summarise --report R.json \\
+        --results A.json --results B.json --raw FILE ... --out docs/perf/real-drafter.json \\
+        --png docs/perf/real-drafter.png --machine "..." --command "..." ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def served_table(results: list[dict]) -> list[dict]:
+    rows = []
+    for res in results:
+        rows.extend(res.get("served", []))
+    return rows
+
+
+def ratios(rows: list[dict]) -> list[dict]:
+    """tok/s of each mode over none and over dflash, per (backend, concurrency)."""
+    by = {(r["backend"], r["concurrency"], r["mode"]): r["tok_s"] for r in rows}
+    out = []
+    for (backend, c, mode), tok in sorted(by.items()):
+        none, dflash = by.get((backend, c, "none")), by.get((backend, c, "dflash"))
+        out.append({"mode": mode, "backend": backend, "concurrency": c,
+                    "over_none": round(tok / none, 3) if none else None,
+                    "over_dflash": round(tok / dflash, 3) if dflash else None})
+    return out
+
+
+def round_cost(rows: list[dict]) -> list[dict]:
+    """Wall-clock ms per verify round = 1000 * accept_length / (tok/s / concurrency): what a
+    round costs end to end, scheduler included (issue 14 item 2's measure)."""
+    out = []
+    for r in rows:
+        if r.get("accept_length") and r.get("tok_s"):
+            per_req = r["tok_s"] / r["concurrency"]
+            out.append({"mode": r["mode"], "backend": r["backend"],
+                        "concurrency": r["concurrency"],
+                        "ms_per_round": round(1000 * r["accept_length"] / per_req, 3)})
+        elif r.get("tok_s"):
+            out.append({"mode": r["mode"], "backend": r["backend"],
+                        "concurrency": r["concurrency"],
+                        "ms_per_step": round(1000 * r["concurrency"] / r["tok_s"], 3)})
+    return out
+
+
+def greedy_first_diffs(results: list[dict]) -> dict:
+    """Per mode, the first differing output position of each greedy prompt against none
+    (null = identical over all 256 tokens)."""
+    serves = {}
+    for res in results:
+        serves.update({m: r for m, r in res.get("serve", {}).items() if r.get("greedy")})
+    none = next((r for r in serves.values() if r.get("label") == "none"), None)
+    if none is None:
+        return {}
+
+    def first(a, b):
+        return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+
+    base = [g["output"] for g in none["greedy"]]
+    return {r["label"]: [first(g["output"], b) for g, b in zip(r["greedy"], base, strict=False)]
+            for r in serves.values() if r is not none}
+
+
+def served_vs_offline(report: dict, results: list[dict]) -> dict:
+    """Verify rounds per greedy prompt, served against the offline simulation."""
+    label_to_mode = {"dflash": "dflash"} | {f"ddtree-{n}": f"ddtree-{n}"
+                                           for n in report["offline_accept_length_ddtree"]}
+    out = {}
+    for res in results:
+        for r in res.get("serve", {}).values():
+            mode = label_to_mode.get(r.get("label"))
+            if mode and r.get("greedy"):
+                served = [g["spec_verify_ct"] for g in r["greedy"]]
+                offline = report["modes"][mode]["rounds_per_request"][: len(served)]
+                out[r["label"]] = {"served_rounds": served, "offline_rounds": offline,
+                                   "served_pooled_accept": round(
+                                       sum(g["completion_tokens"] for g in r["greedy"])
+                                       / sum(served), 4),
+                                   "offline_pooled_accept": round(
+                                       len(offline) * 256 / sum(offline), 4)}
+    return out
+
+
+def seeded(results: list[dict]) -> dict:
+    out = {}
+    for res in results:
+        for m, r in res.get("seeded", {}).items():
+            out[m] = {"summary": r.get("summary"),
+                      "first_diff": [x.get("first_diff") for x in r.get("rows", [])]}
+    return out
+
+
+def plot(rows: list[dict], png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = sorted({r["mode"] for r in rows}, key=lambda m: (m != "none", m != "dflash", m))
+    levels = sorted({r["concurrency"] for r in rows})
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    width = 0.8 / max(1, len(modes))
+    for i, m in enumerate(modes):
+        xs, ys = [], []
+        for j, c in enumerate(levels):
+            hit = [r for r in rows if r["mode"] == m and r["concurrency"] == c]
+            if hit:
+                xs.append(j + (i - (len(modes) - 1) / 2) * width)
+                ys.append(hit[0]["tok_s"])
+        ax.bar(xs, ys, width=width, label=m)
+    ax.set_xticks(range(len(levels)), [f"c = {c}" for c in levels])
+    ax.set_yscale("log")
+    ax.set_ylabel("output tok/s (log)")
+    ax.set_title("Trained pair (29M Qwen3 + 3-layer DFlash), H200, Triton attention")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--report", type=Path, required=True)
+    ap.add_argument("--results", type=Path, action="append", required=True)
+    ap.add_argument("--raw", type=Path, action="append", default=[])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--png", type=Path)
+    ap.add_argument("--machine", required=True)
+    ap.add_argument("--command", action="append", default=[])
+    ap.add_argument("--note", action="append", default=[])
+    args = ap.parse_args(argv)
+    for p in [args.report, *args.results, *args.raw]:
+        if not p.is_file():
+            print(f"summarise: {p}: no such file", file=sys.stderr)
+            return 2
+    report = json.loads(args.report.read_text())
+    results = [json.loads(p.read_text()) for p in args.results]
+    rows = served_table(results)
+    diffs = greedy_first_diffs(results)
+    doc = {
+        "offline_accept_length_dflash": round(report["offline_accept_length_dflash"], 4),
+        "offline_accept_length_ddtree": {k: round(v, 4) for k, v in
+                                         report["offline_accept_length_ddtree"].items()},
+        "offline_accepted_drafts_histogram": {m: v["accepted_drafts_histogram"]
+                                              for m, v in report["modes"].items()},
+        "greedy_identical_all_modes": bool(diffs) and all(
+            all(d is None for d in v) for v in diffs.values()),
+        "greedy_first_diff_vs_none": diffs,
+        "served": [{k: r[k] for k in ("mode", "backend", "concurrency", "accept_length",
+                                      "tok_s")} for r in rows],
+        "ratios": ratios(rows),
+        "round_cost": round_cost(rows),
+        "served_vs_offline": served_vs_offline(report, results),
+        "seeded": seeded(results),
+        "training": {"target_steps": report["target_train"]["steps"],
+                     "target_stopped_early": report["target_train"]["stopped_early"],
+                     "target_final_loss": round(report["target_train"]["losses"][-1], 4),
+                     "draft_steps": report["draft_train"]["steps"],
+                     "draft_final_loss": round(report["draft_train"]["losses"][-1], 4),
+                     "wall_s": {k: round(v, 1) for k, v in report["wall_s"].items()},
+                     "weights_sha256": report["sha256"], "versions": report["versions"]},
+        "notes": args.note,
+        "commands": args.command,
+        "machine": args.machine,
+        "raw_sha256": {p.name: _sha(p) for p in [args.report, *args.results, *args.raw]},
+    }
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    if args.png:
+        plot(rows, args.png)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
