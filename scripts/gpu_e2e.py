@@ -255,7 +255,7 @@ def running_server(opts: Opts, cfg: dict, name: str):
     proc = subprocess.Popen(cli(["serve", "--config", str(cfg_path), "--poll-interval", "0.5"]),
                             env=opts.env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
-    url = f"http://127.0.0.1:{PORT}"
+    url = f"http://127.0.0.1:{cfg.get('port', PORT)}"
     rec: dict = {"config": cfg, "ready_seconds": None, "pid": proc.pid}
     limit = min(cfg["startTimeout"] + 10, max(opts.clock.left() - 20, 30))
     while time.monotonic() - t0 < limit:

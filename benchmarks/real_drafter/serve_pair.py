@@ -12,7 +12,9 @@ Modes (each may end in ``@flashinfer`` / ``@triton``, default ``--backend``):
 ``none``, ``dflash``, ``ddtree:<N>`` (fixed budget), ``adaptive:<N>`` (DDTree with
 SGLANG_DFLASH_DDTREE_POLICY=adaptive, largest budget N), ``seeded:<mode>`` (T > 0 as token
 identity under ``--enable-deterministic-inference``: a seeded no-speculation server once per
-run, then ``<mode>``; the drafter is the real one, nothing planted).
+run, then ``<mode>``; the drafter is the real one, nothing planted), ``profile:<mode>`` (SGLang's
+own torch profiler over ``--profile-steps`` forward steps at c = 1 and 8, each trace reduced on
+the host by ``benchmarks/trace_summary.py`` to a per-step table and then deleted).
 
 Per mode: ready time, ``check --url``, the first ``--greedy-prompts`` held-out prompts one at a
 time (output ids, SGLang's per-request spec_accept_length / verify_ct / histogram), the same
@@ -34,6 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import gpu_e2e as e2e  # scripts/ is not a package
+import trace_summary  # benchmarks/trace_summary.py (benchmarks/ is on PYTHONPATH)
 
 LEVELS = (1, 8, 32)
 NEW_TOKENS = 256
@@ -61,7 +64,7 @@ def mode_label(mode: str) -> str:
 
 
 def pair_config(pair: Path, name: str, mode: str, backend: str, *,
-                deterministic: bool = False) -> dict:
+                deterministic: bool = False, port: int = e2e.PORT) -> dict:
     """The instance config of one mode: the pair's real weights and tokenizer."""
     algorithm, budget, adaptive = parse_mode(mode)
     extra = ["--sampling-backend", "pytorch", "--cuda-graph-max-bs", "32",
@@ -70,7 +73,7 @@ def pair_config(pair: Path, name: str, mode: str, backend: str, *,
         extra.append(DETERMINISTIC)
     cfg: dict = {
         "name": name, "model": str(pair / "target"), "algorithm": algorithm,
-        "port": e2e.PORT, "gpus": [0], "memFractionStatic": 0.6, "attentionBackend": backend,
+        "port": port, "gpus": [0], "memFractionStatic": 0.6, "attentionBackend": backend,
         "contextLength": 2048, "preflight": False, "startTimeout": 420, "extraArgs": extra,
     }
     if algorithm != "none":
@@ -164,7 +167,7 @@ def serve_mode(opts, pair: Path, mode: str, backend: str, prompts: list[dict],
                greedy_n: int, per_level: int, bench_prompts: Path) -> dict:
     algorithm, budget, _ = parse_mode(mode)
     name = mode.replace(":", "-") + f"-{backend}"
-    cfg = pair_config(pair, name, mode, backend)
+    cfg = pair_config(pair, name, mode, backend, port=opts.port)
     head = prompts[:greedy_n]
     with e2e.running_server(opts, cfg, name) as (url, rec):
         rec |= {"mode": mode, "label": mode_label(mode), "backend": backend}
@@ -192,7 +195,7 @@ def seeded_mode(opts, pair: Path, mode: str, backend: str, prompts: list[dict],
     rec: dict = {"mode": f"seeded:{mode}", "backend": backend}
     if backend not in cache:
         name = f"seeded-none-{backend}"
-        cfg = pair_config(pair, name, "none", backend, deterministic=True)
+        cfg = pair_config(pair, name, "none", backend, deterministic=True, port=opts.port)
         with e2e.running_server(opts, cfg, name) as (url, r0):
             if r0["ready_seconds"]:
                 r0["outputs"] = [r["output"] for r in run_requests(url, head, seeded_params,
@@ -206,7 +209,7 @@ def seeded_mode(opts, pair: Path, mode: str, backend: str, prompts: list[dict],
         rec["error"] = "the seeded no-speculation server gave no outputs"
         return rec
     name = f"seeded-{mode.replace(':', '-')}-{backend}"
-    cfg = pair_config(pair, name, mode, backend, deterministic=True)
+    cfg = pair_config(pair, name, mode, backend, deterministic=True, port=opts.port)
     with e2e.running_server(opts, cfg, name) as (url, r1):
         if r1["ready_seconds"]:
             r1["rows"] = run_requests(url, head, seeded_params, parallel=False)
@@ -223,6 +226,66 @@ def seeded_mode(opts, pair: Path, mode: str, backend: str, prompts: list[dict],
         "accept_length_mean": (sum(r["accept_length"] or 0 for r in rec["rows"]) / len(rows)
                                if rows else None),
     }
+    rec["policy"] = policy_lines(opts.out / f"serve-{name}.log")
+    return rec
+
+
+PROFILE_LEVELS = (1, 8)
+
+
+def profile_level(url: str, out: Path, prompts: list[dict], c: int, steps: int) -> dict:
+    """SGLang's own torch profiler over ``steps`` forward steps while c requests decode, then
+    the trace summarised (trace_summary) and deleted: only the table comes back."""
+    import threading
+
+    out.mkdir(parents=True, exist_ok=True)
+    body = {"output_dir": str(out), "num_steps": steps, "activities": ["CPU", "GPU"],
+            "with_stack": False, "record_shapes": False, "profile_id": f"c{c}"}
+    answer: dict = {}
+
+    def start() -> None:
+        try:
+            answer["start"] = e2e.http_json(url + "/start_profile", body, timeout=120)
+        except Exception as exc:  # /start_profile answers with plain text on some paths
+            answer["start"] = f"{type(exc).__name__}: {exc}"
+
+    t = threading.Thread(target=start, daemon=True)
+    t.start()
+    time.sleep(0.5)
+    run_requests(url, prompts[:c], None, parallel=c > 1)
+    t.join(timeout=60)
+    deadline = time.monotonic() + 90
+    traces: list[Path] = []
+    while time.monotonic() < deadline and not traces:
+        traces = sorted(out.glob("*.trace.json*"))
+        time.sleep(1)
+    rec: dict = {"concurrency": c, "start": answer.get("start")}
+    if not traces:
+        rec["error"] = f"no trace file under {out} after the run"
+        return rec
+    time.sleep(2)  # the export may still be writing
+    path = traces[0]
+    try:
+        rec["summary"] = trace_summary.summarise(trace_summary.load(path), steps)
+    except (OSError, ValueError) as exc:
+        rec["error"] = f"{path.name}: {exc}"
+    rec["trace"] = {"name": path.name, "bytes": path.stat().st_size}
+    for p in traces:
+        p.unlink()
+    return rec
+
+
+def profile_mode(opts, pair: Path, mode: str, backend: str, prompts: list[dict],
+                 steps: int) -> dict:
+    """One server of ``mode``, profiled at each of PROFILE_LEVELS after a warm-up."""
+    name = "profile-" + mode.replace(":", "-") + f"-{backend}"
+    cfg = pair_config(pair, name, mode, backend, port=opts.port)
+    with e2e.running_server(opts, cfg, name) as (url, rec):
+        rec |= {"mode": f"profile:{mode}", "label": mode_label(mode), "backend": backend}
+        if rec["ready_seconds"]:
+            run_requests(url, prompts[:8], None, parallel=True)  # warm-up: graphs, JIT
+            rec["levels"] = [profile_level(url, opts.out / f"{name}-c{c}", prompts, c, steps)
+                             for c in PROFILE_LEVELS]
     rec["policy"] = policy_lines(opts.out / f"serve-{name}.log")
     return rec
 
@@ -270,10 +333,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--site", required=True, help="the staged site dir")
     ap.add_argument("--backend", default="triton", choices=e2e.BACKENDS)
+    ap.add_argument("--port", type=int, default=e2e.PORT)
     ap.add_argument("--greedy-prompts", type=int, default=8)
     ap.add_argument("--seeded-prompts", type=int, default=6)
     ap.add_argument("--requests-per-level", type=int, default=4,
                     help="requests per level = this x concurrency (>= 4: steady state)")
+    ap.add_argument("--profile-steps", type=int, default=40,
+                    help="forward steps each profile:<mode> level records")
     ap.add_argument("--time-budget-s", type=float, default=0)
     ap.add_argument("modes", nargs="+")
     args = ap.parse_args(argv)
@@ -281,7 +347,7 @@ def main(argv=None) -> int:
     for m in args.modes:
         base, _, backend = m.partition("@")
         backend = backend or args.backend
-        inner = base.removeprefix("seeded:")
+        inner = base.removeprefix("seeded:").removeprefix("profile:")
         try:
             parse_mode(inner)
         except ValueError as exc:
@@ -304,10 +370,12 @@ def main(argv=None) -> int:
                     bench_num_prompts=args.requests_per_level,
                     clock=e2e.Clock(args.time_budget_s))
     opts.seeded_n = args.seeded_prompts  # type: ignore[attr-defined]
+    opts.port = args.port  # type: ignore[attr-defined]
     prompts = load_prompts(args.pair)
     bprompts = bench_file(args.out, prompts)
     results: dict = {"modes": args.modes, "pair_report_sha256": None, "serve": {},
-                     "seeded": {}, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                     "seeded": {}, "profile": {},
+                     "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     report = args.pair / "report.json"
     if report.exists():
         import hashlib
@@ -318,9 +386,14 @@ def main(argv=None) -> int:
         t0 = time.monotonic()
         left = opts.clock.left()
         try:
+            group = base.partition(":")[0] if base.startswith(("seeded:", "profile:")) \
+                else "serve"
             if left < e2e.STEP_MIN_S:
-                results["serve" if not base.startswith("seeded:") else "seeded"][m] = {
-                    "skipped": f"time budget: {left:.0f}s left"}
+                results[group][m] = {"skipped": f"time budget: {left:.0f}s left"}
+            elif group == "profile":
+                results["profile"][m] = profile_mode(opts, args.pair,
+                                                     base.removeprefix("profile:"), backend,
+                                                     prompts, args.profile_steps)
             elif base.startswith("seeded:"):
                 results["seeded"][m] = seeded_mode(opts, args.pair, base.removeprefix("seeded:"),
                                                    backend, prompts, seeded_cache)
@@ -345,6 +418,10 @@ def main(argv=None) -> int:
         "check_rc": {m: (r.get("check_url") or {}).get("rc") for m, r in results["serve"].items()},
         "seeded": {m: r.get("summary", r.get("error", r.get("skipped")))
                    for m, r in results["seeded"].items()},
+        "profile": {m: [(lv["concurrency"], {k: (lv.get("summary") or {}).get(k) for k in (
+                        "wall_ms_per_step", "gpu_busy_ms_per_step", "kernels_per_step",
+                        "sync_calls_per_step")}, lv.get("error")) for lv in r.get("levels", [])]
+                    for m, r in results["profile"].items()},
         "errors": results.get("errors", {}),
         "serve_errors": {m: r.get("error") or r.get("serve_exit_before_ready")
                          for m, r in results["serve"].items()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import signal
@@ -10,6 +11,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 
 def _env_float(name: str, default: float | None = None) -> float | None:
@@ -52,6 +54,7 @@ class State:
         self.ready = False
         self.requests = 0
         self.lock = threading.Lock()
+        self.profile: dict | None = None  # an active /start_profile
         self.speculative = args.speculative_algorithm not in (None, "", "NONE")
         self.accept_length = _env_float("STANDIN_ACCEPT_LENGTH", 3.0)
         self.token_delay = _env_float("STANDIN_TOKEN_DELAY", 0.002)
@@ -124,6 +127,9 @@ def make_handler(state: State):
             path = self.path.split("?")[0]
             if not self._authorized():
                 return
+            if path == "/start_profile":
+                self._start_profile()
+                return
             if path != "/generate":
                 self._send(404, {"detail": "Not Found"})
                 return
@@ -141,6 +147,38 @@ def make_handler(state: State):
                 state.requests += 1
                 if state.die_after is not None and state.requests >= state.die_after:
                     os._exit(4)
+
+        def _start_profile(self) -> None:
+            """SGLang's /start_profile with num_steps: the next num_steps decode steps are
+            written as a chrome trace <output_dir>/<profile_id>-TP-0.trace.json.gz (one
+            'kernel' and one 'cudaLaunchKernel' event per generated token here)."""
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length) or b"{}")
+            with state.lock:
+                state.profile = {"dir": body.get("output_dir") or "/tmp",
+                                 "steps": int(body.get("num_steps") or 5),
+                                 "id": body.get("profile_id") or str(time.time()),
+                                 "events": []}
+            self._send(200, {"success": True, "message": "Succeeded"})
+
+        def _profile_step(self, t0: float, t1: float) -> None:
+            with state.lock:
+                prof = state.profile
+                if prof is None:
+                    return
+                ts, dur = t0 * 1e6, (t1 - t0) * 1e6
+                prof["events"] += [
+                    {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts,
+                     "dur": 5.0},
+                    {"ph": "X", "cat": "kernel", "name": "standin_decode", "ts": ts + 5.0,
+                     "dur": max(1.0, dur * 0.5)},
+                ]
+                if len(prof["events"]) // 2 >= prof["steps"]:
+                    state.profile = None
+                    out = Path(prof["dir"])
+                    out.mkdir(parents=True, exist_ok=True)
+                    data = gzip.compress(json.dumps({"traceEvents": prof["events"]}).encode())
+                    (out / f"{prof['id']}-TP-0.trace.json.gz").write_bytes(data)
 
         def _generate(self, req: dict) -> None:
             params = req.get("sampling_params") or {}
@@ -161,10 +199,12 @@ def make_handler(state: State):
                 self.send_header("Connection", "close")
                 self.end_headers()
             for _ in range(n):
+                t0 = time.time()
                 tok = next_token(ctx, state.args.vocab_size)
                 ctx.append(tok)
                 out.append(tok)
                 time.sleep(state.token_delay / acc)
+                self._profile_step(t0, time.time())
                 if stream:
                     self.wfile.write(b"data: " + json.dumps(self._body(ids, out, start)).encode()
                                      + b"\n\n")

@@ -1,0 +1,141 @@
+"""Summarise a torch.profiler chrome trace (what SGLang's /start_profile writes) into a small
+table: where a decode step's wall time goes, so rounds of different modes can be compared
+(issue 14 item 2: what a DDTree round costs outside its profiled stages).
+
+    python3 benchmarks/trace_summary.py TRACE.json[.gz] --steps 40 [--json OUT]
+
+Per step: wall span, GPU busy time (union of kernel/memcpy/memset intervals), GPU idle time
+and its gaps longer than 20 us, kernels launched, CUDA-graph launches, host-blocking CUDA calls
+(stream/event/device synchronize, and memcpy calls, which block for device-to-host copies)
+with their host time; and the top CPU ops and kernels by total time. Pure function over the
+trace's events; the file reading is the only I/O.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize")
+COPY_CALLS = ("cudaMemcpyAsync", "cudaMemcpy")
+LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+GRAPH_CALLS = ("cudaGraphLaunch", "cuGraphLaunch")
+GAP_US = 20.0
+
+
+def load(path: Path) -> dict:
+    raw = path.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    return json.loads(raw)
+
+
+def union_us(intervals: list[tuple[float, float]]) -> tuple[float, list[float]]:
+    """Total length of the union of [start, end) intervals, and the gaps between them."""
+    total, gaps = 0.0, []
+    cur_s = cur_e = None
+    for s, e in sorted(intervals):
+        if cur_e is None:
+            cur_s, cur_e = s, e
+        elif s <= cur_e:
+            cur_e = max(cur_e, e)
+        else:
+            total += cur_e - cur_s
+            gaps.append(s - cur_e)
+            cur_s, cur_e = s, e
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total, gaps
+
+
+def _top(acc: dict[str, list[float]], n: int, steps: int) -> list[dict]:
+    rows = sorted(acc.items(), key=lambda kv: -kv[1][0])[:n]
+    return [{"name": k[:120], "ms_per_step": round(v[0] / 1000 / steps, 4),
+             "calls_per_step": round(v[1] / steps, 2)} for k, v in rows]
+
+
+def summarise(trace: dict, steps: int, top: int = 15) -> dict:
+    """The per-step table of one trace; ``steps`` = the forward steps it covers."""
+    if steps <= 0:
+        raise ValueError("steps must be positive")
+    events = [e for e in trace.get("traceEvents", [])
+              if e.get("ph") == "X" and "ts" in e and "dur" in e]
+    gpu = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
+           if e.get("cat") in GPU_CATS]
+    busy, gaps = union_us(gpu)
+    if gpu:
+        first, last = min(s for s, _ in gpu), max(e for _, e in gpu)
+    else:
+        spans = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events]
+        first, last = (min(s for s, _ in spans), max(e for _, e in spans)) if spans else (0, 0)
+    wall = last - first
+    runtime: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    cpu_ops: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    kernels: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for e in events:
+        cat, name, dur = e.get("cat"), str(e.get("name", "")), float(e["dur"])
+        acc = {"cuda_runtime": runtime, "cuda_driver": runtime, "cpu_op": cpu_ops,
+               "kernel": kernels}.get(cat)
+        if acc is not None:
+            acc[name][0] += dur
+            acc[name][1] += 1
+
+    def calls(names) -> tuple[int, float]:
+        return (sum(int(runtime[n][1]) for n in names if n in runtime),
+                sum(runtime[n][0] for n in names if n in runtime))
+
+    n_sync, t_sync = calls(SYNC_CALLS)
+    n_copy, t_copy = calls(COPY_CALLS)
+    n_launch, _ = calls(LAUNCH_CALLS)
+    n_graph, _ = calls(GRAPH_CALLS)
+    long_gaps = [g for g in gaps if g > GAP_US]
+    per = 1000.0 * steps  # us -> ms per step
+    return {
+        "steps": steps,
+        "wall_ms_per_step": round(wall / per, 4),
+        "gpu_busy_ms_per_step": round(busy / per, 4),
+        "gpu_idle_ms_per_step": round((wall - busy) / per, 4),
+        "gpu_busy_share": round(busy / wall, 4) if wall else None,
+        "idle_gaps_over_20us_per_step": round(len(long_gaps) / steps, 2),
+        "idle_in_gaps_over_20us_ms_per_step": round(sum(long_gaps) / per, 4),
+        "kernels_per_step": round(sum(int(v[1]) for v in kernels.values()) / steps, 2),
+        "kernel_launch_calls_per_step": round(n_launch / steps, 2),
+        "graph_launches_per_step": round(n_graph / steps, 2),
+        "sync_calls_per_step": round(n_sync / steps, 2),
+        "sync_host_ms_per_step": round(t_sync / per, 4),
+        "memcpy_calls_per_step": round(n_copy / steps, 2),
+        "memcpy_host_ms_per_step": round(t_copy / per, 4),
+        "top_cpu_ops": _top(cpu_ops, top, steps),
+        "top_kernels": _top(kernels, top, steps),
+        "top_runtime_calls": _top(runtime, 8, steps),
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("trace", type=Path)
+    ap.add_argument("--steps", type=int, required=True, help="forward steps the trace covers")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    if args.steps <= 0:
+        print("trace_summary: --steps must be positive", file=sys.stderr)
+        return 2
+    try:
+        trace = load(args.trace)
+    except (OSError, ValueError) as exc:
+        print(f"trace_summary: {args.trace}: {exc}", file=sys.stderr)
+        return 2
+    out = json.dumps(summarise(trace, args.steps), indent=1)
+    if args.json:
+        args.json.write_text(out + "\n")
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

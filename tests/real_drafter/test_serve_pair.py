@@ -1,0 +1,174 @@
+"""``real_drafter.serve_pair`` and ``benchmarks/trace_summary.py`` on the CPU.
+
+serve_pair runs as a real process that starts real ``sglang-dflash serve`` processes; SGLang
+cannot run here, so the SGLang stand-in (tests/standin) answers in its place. The same command
+ran against the real server on the H200 (docs/real-drafter.md, docs/perf/real-drafter.json).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+STANDIN = REPO / "tests" / "standin"
+sys.path.insert(0, str(REPO / "benchmarks"))  # benchmarks/ has no __init__.py
+
+import trace_summary  # noqa: E402
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---- trace_summary ------------------------------------------------------------------------
+
+
+def _x(cat, name, ts, dur):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+
+
+def test_union_and_gaps():
+    total, gaps = trace_summary.union_us([(0, 10), (5, 12), (20, 25), (25, 30), (40, 41)])
+    assert total == 12 + 10 + 1
+    assert gaps == [8, 10]
+
+
+def test_summary_per_step_figures():
+    """Two steps of 100 us: kernels busy 30 + 20 us in step one (overlapping), 50 in step two,
+    one stream sync of 40 us and one graph launch."""
+    events = [
+        _x("kernel", "gemm", 0, 30), _x("kernel", "norm", 10, 10), _x("kernel", "gemm", 60, 20),
+        _x("kernel", "gemm", 150, 50),
+        _x("cuda_runtime", "cudaLaunchKernel", 0, 2), _x("cuda_runtime", "cudaLaunchKernel", 58, 2),
+        _x("cuda_runtime", "cudaStreamSynchronize", 100, 40),
+        _x("cuda_runtime", "cudaGraphLaunch", 148, 3),
+        _x("cpu_op", "aten::argmax", 90, 5),
+        {"ph": "i", "name": "instant", "ts": 1},  # not a complete event: ignored
+    ]
+    s = trace_summary.summarise({"traceEvents": events}, steps=2)
+    assert s["wall_ms_per_step"] == pytest.approx(0.1)  # 0 .. 200 us over 2 steps
+    assert s["gpu_busy_ms_per_step"] == pytest.approx((30 + 20 + 50) / 2000)
+    assert s["gpu_idle_ms_per_step"] == pytest.approx((200 - 100) / 2000)
+    assert s["idle_gaps_over_20us_per_step"] == 1.0  # 30->60 (30 us) and 80->150 (70 us)
+    assert s["idle_in_gaps_over_20us_ms_per_step"] == pytest.approx(0.05)
+    assert s["kernels_per_step"] == 2.0
+    assert s["kernel_launch_calls_per_step"] == 1.0
+    assert s["graph_launches_per_step"] == 0.5
+    assert s["sync_calls_per_step"] == 0.5
+    assert s["sync_host_ms_per_step"] == pytest.approx(0.02)
+    assert s["top_kernels"][0] == {"name": "gemm", "ms_per_step": 0.05, "calls_per_step": 1.5}
+    assert s["top_cpu_ops"][0]["name"] == "aten::argmax"
+    with pytest.raises(ValueError):
+        trace_summary.summarise({"traceEvents": events}, steps=0)
+
+
+def test_real_torch_profiler_trace(tmp_path):
+    """A chrome trace written by torch.profiler itself (CPU activity), gzip'd as SGLang's."""
+    torch = pytest.importorskip("torch")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(3):
+            x = torch.randn(64, 64)
+            (x @ x).argmax()
+    plain = tmp_path / "t.json"
+    prof.export_chrome_trace(str(plain))
+    gz = tmp_path / "t.trace.json.gz"
+    gz.write_bytes(gzip.compress(plain.read_bytes()))
+    s = trace_summary.summarise(trace_summary.load(gz), steps=3)
+    names = {r["name"] for r in s["top_cpu_ops"]}
+    assert {"aten::mm", "aten::argmax"} <= names or {"aten::matmul", "aten::argmax"} <= names
+    assert s["wall_ms_per_step"] > 0 and s["gpu_busy_ms_per_step"] == 0.0
+
+
+def test_trace_summary_cli_bad_input(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "trace_summary.py"), str(bad),
+                        "--steps", "2"], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "bad.json" in r.stderr
+
+
+# ---- serve_pair against the stand-in ------------------------------------------------------
+
+
+@pytest.fixture
+def pair(tmp_path):
+    """A pair directory as real_drafter.train leaves it (configs only: the stand-in loads
+    nothing) with held-out prompts carrying both text and ids, as train writes them."""
+    root = tmp_path / "pair"
+    for sub in ("target", "draft"):
+        (root / sub).mkdir(parents=True)
+        (root / sub / "config.json").write_text("{}")
+    lines = [json.dumps({"id": i, "text": f"p{i}", "input_ids": [3 + i, 7, 11 + i],
+                         "max_new_tokens": 256}) for i in range(8)]
+    (root / "prompts.jsonl").write_text("\n".join(lines) + "\n")
+    (root / "report.json").write_text("{}")
+    return root
+
+
+def _run(pair: Path, out: Path, *modes: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, STANDIN_TOKEN_DELAY="0.0002",
+               PYTHONPATH=os.pathsep.join([str(STANDIN), str(REPO / "src"),
+                                           str(REPO / "benchmarks")]))
+    env.pop("NOTIFY_SOCKET", None)
+    return subprocess.run(
+        [sys.executable, "-m", "real_drafter.serve_pair", "--pair", str(pair), "--out", str(out),
+         "--site", f"{STANDIN}{os.pathsep}{REPO / 'src'}", "--port", str(_free_port()),
+         "--requests-per-level", "1", "--greedy-prompts", "3", "--seeded-prompts", "2",
+         "--profile-steps", "6", *modes],
+        env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_serve_pair_every_step_kind(pair, tmp_path):
+    out = tmp_path / "out"
+    r = _run(pair, out, "none", "dflash", "ddtree:16", "adaptive:16", "seeded:ddtree:16",
+             "profile:dflash")
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads((out / "results.json").read_text())
+    assert not res.get("errors"), res.get("errors")
+    serve = res["serve"]
+    assert [serve[m]["label"] for m in serve] == ["none", "dflash", "ddtree-16",
+                                                  "ddtree-adaptive-16"]
+    for m, rec in serve.items():
+        assert rec["check_url"]["rc"] == 0, (m, rec["check_url"])
+        assert len(rec["greedy"]) == 3 and len(rec["greedy"][0]["output"]) == 256
+    # the adaptive server got the policy variable, the fixed one did not
+    assert serve["adaptive:16"]["config"]["environment"] == {
+        "SGLANG_DFLASH_DDTREE_POLICY": "adaptive"}
+    assert "environment" not in serve["ddtree:16"]["config"]
+    # the stand-in is deterministic: every comparison must say identical
+    assert res["compare"]["greedy"]["triton"]["identical"] is True
+    assert res["compare"]["greedy_parallel"]["triton"]["identical"] is True
+    rows = {(x["mode"], x["concurrency"]) for x in res["served"]}
+    assert rows == {(m, c) for m in ("none", "dflash", "ddtree-16", "ddtree-adaptive-16")
+                    for c in (1, 8, 32)}
+    seeded = res["seeded"]["seeded:ddtree:16"]
+    assert seeded["summary"]["all_identical"] is True and seeded["summary"]["prompts"] == 2
+    assert "--enable-deterministic-inference" in \
+        json.loads((out / "config-seeded-ddtree-16-triton.json").read_text())["extraArgs"]
+    levels = res["profile"]["profile:dflash"]["levels"]
+    assert [lv["concurrency"] for lv in levels] == [1, 8]
+    for lv in levels:
+        assert lv["summary"]["kernels_per_step"] == 1.0  # the stand-in's one event per token
+        assert lv["summary"]["steps"] == 6
+    assert not list(out.glob("**/*.trace.json.gz"))  # traces reduced, then deleted
+
+
+def test_serve_pair_bad_mode_one_line(pair, tmp_path):
+    r = _run(pair, tmp_path / "o", "none", "ddtree:x")
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "ddtree:x" in r.stderr
+
+
+def test_serve_pair_missing_pair(tmp_path):
+    r = _run(tmp_path / "nothing", tmp_path / "o", "none")
+    assert r.returncode == 2 and "real_drafter.train" in r.stderr
