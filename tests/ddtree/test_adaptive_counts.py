@@ -13,7 +13,7 @@ from sglang_dflash.ddtree.walk import greedy_walk  # noqa: E402
 from sglang_dflash.sglang_overlay.adaptive import RoundMeter, path_counts  # noqa: E402
 from sglang_dflash.sglang_overlay.policy import counterfactual_accept  # noqa: E402
 from sglang_dflash.sglang_overlay.profile import HostEvent  # noqa: E402
-from sglang_dflash.sglang_overlay.verify import greedy_accept  # noqa: E402
+from sglang_dflash.sglang_overlay.verify import greedy_accept, root_accept  # noqa: E402
 
 from .test_tree import make_inputs  # noqa: E402
 from .test_walk import path_biased_predictions  # noqa: E402
@@ -101,8 +101,68 @@ def test_meter_hands_back_rounds_in_order_with_means():
     for r in range(3):
         meter.begin()
         meter.end(key=8, ran=7, bs=4, budgets=(3, 7), counts=torch.tensor([4.0 * r, 8.0]))
-    assert meter.dropped == 1  # depth 2: the oldest round was dropped, nothing waited
+    # a round is complete when the next one starts: rounds 0 and 1 are, round 2 is still open
+    assert meter.dropped == 0
     recs = meter.drain()
-    assert [r.accept_by_budget for r in recs] == [{3: 2.0, 7: 3.0}, {3: 3.0, 7: 3.0}]
+    assert [r.accept_by_budget for r in recs] == [{3: 1.0, 7: 3.0}, {3: 2.0, 7: 3.0}]
     assert all(r.key == 8 and r.ran == 7 and r.cost_ms >= 0 for r in recs)
     assert meter.drain() == []
+    meter.begin()  # round 3 starts: round 2 closes
+    assert [r.accept_by_budget[3] for r in meter.drain()] == [3.0]
+
+
+def test_meter_depth_drops_the_oldest_without_waiting():
+    meter = RoundMeter(HostEvent, pin=False, depth=2)
+    for r in range(4):
+        meter.begin()
+        meter.end(key=1, ran=3, bs=1, budgets=(3,), counts=torch.tensor([float(r)]))
+    meter.begin()
+    assert meter.dropped == 2
+    assert [r.accept_by_budget[3] for r in meter.drain()] == [3.0, 4.0]
+
+
+class _ClockEvent:
+    """A host event on a fake clock, so the test knows every interval."""
+
+    now = 0.0
+
+    def __init__(self):
+        self.t = None
+
+    def record(self):
+        self.t = _ClockEvent.now
+
+    def elapsed_time(self, end):
+        return end.t - self.t
+
+
+def test_meter_cost_runs_to_the_next_rounds_start_and_interrupts_drop_it():
+    """The cost of a round is start -> next start (scheduler time and GPU idle included), not
+    the round's own span; a prefill between two rounds leaves that round without a cost."""
+    meter = RoundMeter(_ClockEvent, pin=False)
+    for start, span in ((0.0, 2.0), (3.5, 2.5)):
+        _ClockEvent.now = start
+        meter.begin()
+        _ClockEvent.now = start + span
+        meter.end(key=1, ran=0, bs=1, budgets=(), counts=None)
+    meter.interrupt()  # a prefill runs next
+    _ClockEvent.now = 9.0
+    meter.begin()
+    meter.end(key=1, ran=0, bs=1, budgets=(), counts=None)
+    _ClockEvent.now = 10.0
+    meter.begin()
+    recs = meter.drain()
+    assert [r.cost_ms for r in recs] == [3.5, None, 1.0]
+    assert all(r.accept_by_budget == {} for r in recs)
+
+
+@pytest.mark.parametrize("bs,depth", [(1, 15), (3, 7), (8, 0)])
+def test_root_accept_equals_the_walk_of_a_root_tree(bs, depth):
+    g = torch.Generator().manual_seed(bs * 31 + depth)
+    roots = torch.randint(0, 100, (bs,), generator=g)
+    seq_lens = torch.randint(0, 50, (bs,), generator=g)
+    choice = torch.randint(0, 100, (bs, 1), generator=g)
+    want = greedy_accept(root_tree(roots, seq_lens, depth), choice)
+    got = root_accept(choice, depth)
+    for name, a, b in zip(want._fields, want, got, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), name

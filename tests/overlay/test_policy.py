@@ -133,3 +133,67 @@ def test_the_policy_follows_a_change_of_drafter_quality():
     assert pol.slot(4).current == 15  # found again through the probes
     summary = pol.summary()["4"]
     assert summary["current"] == 15 and summary["switches"] >= 2
+
+
+def simulate_requests(policy, requests, cost, lag=3, use_fresh=True):
+    """bs = 1, one request after another: ``requests`` = [(rounds, accept(n)), ...]. The
+    worker's bookkeeping: a top-budget round marks the batch's requests seen; the policy gets
+    the share of unseen requests. Returns, per request, the budgets that ran."""
+    from sglang_dflash.sglang_overlay.policy import fresh_share
+
+    seen: set = set()
+    pending = collections.deque()
+    out = []
+    for rid, (rounds, accept) in enumerate(requests):
+        ran = []
+        for _ in range(rounds):
+            while len(pending) > lag:
+                n, acc = pending.popleft()
+                policy.observe(1, n, {m: acc(m) for m in policy.schedule.candidates(1)
+                                      if 0 < m <= n}, cost(n))
+            fresh = fresh_share([rid], seen) if use_fresh else 0.0
+            n = policy.choose(1, fresh).budget
+            if n == policy.schedule.candidates(1)[-1]:
+                seen = {rid}
+            ran.append(n)
+            pending.append((n, accept))
+        out.append(ran)
+    return out
+
+
+def test_a_new_request_is_probed_at_once_after_a_fallback():
+    """H200, trained pair (docs/real-drafter.md): the bs-1 slot fell back to budget 0 on weak
+    prompts and stayed there through a repetitive prompt that accepts 15 per round at budget
+    16 (served accept 3.8 against 15.1 for the fixed budget). A new request now gets a probe
+    within a few rounds, and the slot follows it."""
+    weak = lambda n: 1.0 + 0.02 * min(n, 3)  # noqa: E731
+    strong = lambda n: 1.0 + min(n, 15)  # noqa: E731  (every depth accepted)
+    cost = lambda n: 2.4 if n == 0 else 2.6 + 0.02 * n  # noqa: E731  (ms; flat verify at bs 1)
+    plan = [(400, weak), (200, strong), (300, weak), (200, strong)]
+    pol = AdaptivePolicy(auto_schedule(15))
+    runs = simulate_requests(pol, plan, cost)
+    assert collections.Counter(runs[0][200:]).most_common(1)[0][0] == 0  # fell back
+    for strong_run in (runs[1], runs[3]):
+        first_top = strong_run.index(15)
+        assert first_top <= pol.fresh_gap + 1
+        assert strong_run[first_top + 10:].count(15) / len(strong_run[first_top + 10:]) > 0.95
+    assert collections.Counter(runs[2][100:]).most_common(1)[0][0] == 0  # fell back again
+    # without the fresh-request signal the same plan waits for the probe interval
+    slow = simulate_requests(AdaptivePolicy(auto_schedule(15)), plan, cost, use_fresh=False)
+    late = slow[3].index(15) if 15 in slow[3] else len(slow[3])
+    assert late > 10 * (runs[3].index(15) + 1)
+
+
+def test_fresh_share_and_gap():
+    from sglang_dflash.sglang_overlay.policy import fresh_share
+
+    assert fresh_share([], {1}) == 0.0
+    assert fresh_share([1, 2, 3, 4], {1, 2, 3}) == 0.25
+    pol = AdaptivePolicy(parse_schedule("1:0,15", 15), fresh_gap=4)
+    s = pol.slot(1)
+    s.accept, s.cost, s.current = {0: 1.0, 15: 1.0}, {0: 1.0, 15: 2.0}, 0
+    pol._cost_seen = {(1, 0): 9, (1, 15): 9}
+    s.since_probe, s.probe_every = 0, 256
+    assert [pol.choose(1, fresh=1.0).budget for _ in range(6)] == [0, 0, 0, 0, 15, 0]
+    s.since_probe = 10
+    assert pol.choose(1, fresh=0.2).budget == 0  # under a quarter of the batch is new

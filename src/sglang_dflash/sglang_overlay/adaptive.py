@@ -39,7 +39,8 @@ class RoundRecord:
     ran: int  # budget the round used
     bs: int
     accept_by_budget: dict[int, float]  # mean accept length per budget <= ran
-    cost_ms: float
+    cost_ms: float | None  # stream time from this round's start to the next one's; None if
+    #                        something other than a decode round ran in between
 
 
 @dataclass
@@ -51,11 +52,20 @@ class _Pending:
     host: torch.Tensor
     start: object
     end: object
+    next_start: object = None
 
 
 class RoundMeter:
     """Queue of in-flight rounds: ``begin()`` before the round, ``end(...)`` after its commit,
-    ``drain()`` returns the rounds whose results have reached the host."""
+    ``drain()`` returns the rounds whose results have reached the host.
+
+    A round's cost is the stream time from its start event to the **next round's** start
+    event, not to its own end: that interval also holds what the scheduler does between rounds
+    and the GPU's idle time while the host catches up, which is what a round really costs
+    (H200, trained pair: the round's own span was 2.0-2.9 ms while rounds were 3.4-4.8 ms
+    apart, docs/real-drafter.md). ``interrupt()`` marks that something else (a prefill) ran
+    before the next round: that round then reports no cost.
+    """
 
     def __init__(
         self,
@@ -69,12 +79,29 @@ class RoundMeter:
         self._queue: deque[_Pending] = deque()
         self._depth = depth
         self._start = None
+        self._open: _Pending | None = None  # ended, waiting for the next round's start
         self.dropped = 0
+
+    def _push(self, p: _Pending) -> None:
+        if len(self._queue) >= self._depth:
+            self._queue.popleft()
+            self.dropped += 1
+        self._queue.append(p)
 
     def begin(self) -> None:
         ev = self._event()
         ev.record()
+        if self._open is not None:
+            self._open.next_start = ev
+            self._push(self._open)
+            self._open = None
         self._start = ev
+
+    def interrupt(self) -> None:
+        """A non-decode forward runs next: the open round keeps its counters, not its cost."""
+        if self._open is not None:
+            self._push(self._open)
+            self._open = None
 
     def end(
         self,
@@ -84,29 +111,30 @@ class RoundMeter:
         budgets: Sequence[int],
         counts: torch.Tensor | None,
     ) -> None:
-        """Queue this round; ``counts`` is ``path_counts`` for ``budgets`` (None for ran=0)."""
+        """Close this round; ``counts`` is ``path_counts`` for ``budgets`` (None for ran=0)."""
         if self._start is None:
             return
+        self.interrupt()  # an end without a begin in between: the earlier round has no cost
         host = torch.empty(len(budgets), dtype=torch.float32, pin_memory=self._pin)
         if counts is not None and len(budgets):
             host.copy_(counts, non_blocking=self._pin)
         ev = self._event()
         ev.record()
-        if len(self._queue) >= self._depth:
-            self._queue.popleft()
-            self.dropped += 1
-        self._queue.append(_Pending(key, ran, bs, tuple(budgets), host, self._start, ev))
+        self._open = _Pending(key, ran, bs, tuple(budgets), host, self._start, ev)
         self._start = None
 
     def drain(self) -> list[RoundRecord]:
         out: list[RoundRecord] = []
         while self._queue:
             p = self._queue[0]
-            query = getattr(p.end, "query", None)
+            last = p.next_start if p.next_start is not None else p.end
+            query = getattr(last, "query", None)
             if query is not None and not query():
                 break
             self._queue.popleft()
             sums = p.host.tolist()
             acc = {n: 1.0 + s / max(1, p.bs) for n, s in zip(p.budgets, sums, strict=True)}
-            out.append(RoundRecord(p.key, p.ran, p.bs, acc, float(p.start.elapsed_time(p.end))))
+            cost = (float(p.start.elapsed_time(p.next_start))
+                    if p.next_start is not None else None)
+            out.append(RoundRecord(p.key, p.ran, p.bs, acc, cost))
         return out

@@ -62,6 +62,27 @@ def committed_tokens(
     return out, bonus
 
 
+def root_accept(choice: torch.Tensor, max_depth: int) -> Acceptance:
+    """``greedy_accept`` of a budget-0 (root-only) tree, without the walk: the one committed
+    token is the target's choice after the root. Two small ops instead of the walk kernel and
+    its buffers: a no-draft round is pure overhead, so it gets the shortest path."""
+    bs = choice.shape[0]
+    first = choice.reshape(bs, 1).long()
+    dev = first.device
+    pad = max(0, int(max_depth))
+    accept_index = torch.cat(
+        [torch.arange(bs, dtype=torch.long, device=dev).view(bs, 1),
+         torch.full((bs, pad), -1, dtype=torch.long, device=dev)], dim=1)
+    out = torch.cat([first, torch.zeros((bs, pad), dtype=torch.long, device=dev)], dim=1)
+    return Acceptance(
+        accept_index,
+        torch.zeros(bs, dtype=torch.long, device=dev),
+        out,
+        torch.ones(bs, dtype=torch.int32, device=dev),
+        first.view(bs),
+    )
+
+
 def greedy_accept(
     tree: DDTree,
     target_predict: torch.Tensor,

@@ -62,6 +62,7 @@ from sglang_dflash.sglang_overlay.verify import (
     gather_accepted_rows,
     greedy_accept,
     per_node_targets,
+    root_accept,
     seeded_node_targets,
     use_fused_renorm,
     warm_up_renorm,
@@ -199,6 +200,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._budget_tensors: dict[tuple[int, int], tuple[tuple[int, ...], Any]] = {}
         self._active_budget = budget
         self._policy_rounds = 0
+        self._seen_rids: set = set()  # requests a top-budget round has measured
         self._plant = self._load_plant()
         self._device_plant = None  # built at the first planted round, on the draft's device
         self._prof = self._load_profiler(budget)
@@ -393,14 +395,18 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         idx = bisect.bisect_left(self._graph_bs, bs)
         return self._graph_bs[idx] if idx < len(self._graph_bs) else bs
 
-    def _choose_budget(self, bs: int) -> tuple[int, int]:
+    def _choose_budget(self, batch, bs: int) -> tuple[int, int]:
         """(budget, slot key) for this round: the fixed N, or the policy's choice."""
         if self._policy is None:
             return self.ddtree.budget, bs
         for rec in self._meter.drain():
             self._policy.observe(rec.key, rec.ran, rec.accept_by_budget, rec.cost_ms)
         key = self._padded_bs(bs)
-        n = self._policy.choose(key).budget
+        rids = [r.rid for r in batch.reqs]
+        fresh = policy_mod.fresh_share(rids, self._seen_rids)
+        n = self._policy.choose(key, fresh).budget
+        if n == self._policy.schedule.candidates(key)[-1]:
+            self._seen_rids = set(rids)  # this round measures every request in the batch
         self._policy_rounds += 1
         if self.ps.tp_rank == 0 and self._policy_rounds % POLICY_LOG_EVERY == 0:
             logger.info("DDTree adaptive policy: %s", json.dumps(self.policy_summary()))
@@ -439,6 +445,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             or batch.is_extend_in_batch
             or batch.forward_mode.is_idle()
         ):
+            if self._meter is not None:
+                self._meter.interrupt()  # the open round's cost would include this forward
             return super().forward_batch_generation(batch, on_publish, grammar_barrier)
         if getattr(batch, "return_logprob", False):
             raise ValueError("DFLASH speculative decoding does not support return_logprob yet.")
@@ -567,7 +575,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
     def _ddtree_round(self, batch, draft_input, on_publish):
         bs = len(batch.seq_lens)
-        budget, key = self._choose_budget(bs)
+        budget, key = self._choose_budget(batch, bs)
         width = budget + 1
         prefix_lens = batch.seq_lens
         prof = self._prof
@@ -673,15 +681,19 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 min_ps=sampling_info.min_ps if sampling_info.need_min_p_sampling else None,
                 renorm=self._renorm,
             )
-        acc = greedy_accept(tree, choice, kernel=self._verify_kernel)
-
-        # --- compaction: accepted nodes' target KV to prefix..prefix+commit-1.
-        move_accept_tokens_to_target_kvcache(
-            batch,
-            acc.accept_index.to(torch.int32),
-            acc.accept_len.to(torch.int32),
-            self.model_runner.token_to_kv_pool_allocator,
-        )
+        if budget > 0:
+            acc = greedy_accept(tree, choice, kernel=self._verify_kernel)
+            # --- compaction: accepted nodes' target KV to prefix..prefix+commit-1.
+            move_accept_tokens_to_target_kvcache(
+                batch,
+                acc.accept_index.to(torch.int32),
+                acc.accept_len.to(torch.int32),
+                self.model_runner.token_to_kv_pool_allocator,
+            )
+        else:
+            # A root-only tree commits its one node, whose KV the verify already wrote at
+            # req_to_token[prefix] (verify_loc): the compaction would copy it onto itself.
+            acc = root_accept(choice, self.ddtree.max_depth)
         new_seq_lens = prefix_lens + acc.commit_lens.to(prefix_lens.dtype)
         if on_publish is not None:
             on_publish(new_seq_lens)
