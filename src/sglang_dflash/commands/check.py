@@ -19,6 +19,7 @@ from sglang_dflash.check import abi, gpu, live, package
 from sglang_dflash.check.instance import config_url, merged_expectations
 from sglang_dflash.check.result import Result, exit_code, render_json, render_text, skipped
 from sglang_dflash.config import ConfigError, InstanceConfig, load_config
+from sglang_dflash.errors import UserError
 from sglang_dflash.manifest import PACKAGE_DIR, Manifest, load_manifest
 from sglang_dflash.pins import load_pins
 
@@ -50,11 +51,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--manifest", type=Path, default=None, metavar="FILE",
                         help="manifest to verify against (default: the one installed with "
                              "sglang-dflash)")
-
-
-def usage_error(msg: str) -> int:
-    print(f"sglang-dflash check: {msg}", file=sys.stderr)
-    return 2
 
 
 def read_manifest(path: Path | None) -> tuple[Manifest | None, str]:
@@ -151,30 +147,30 @@ def run(args: argparse.Namespace) -> int:
     layers = args.layers or list(LAYERS)
     if args.url is not None:
         if args.offline:
-            return usage_error("--offline and --url contradict each other (--offline means no "
+            raise UserError("--offline and --url contradict each other (--offline means no "
                                "network)")
         try:
             live.parse_url(args.url)
         except ValueError as exc:
-            return usage_error(f"--url: {exc}")
+            raise UserError(f"--url: {exc}") from None
     elif args.layers and "live" in args.layers and not args.offline and args.config is None:
-        return usage_error("--layer live needs --url (or --config with the instance's host/port)")
+        raise UserError("--layer live needs --url (or --config with the instance's host/port)")
     if not args.timeout > 0:
-        return usage_error(f"--timeout must be > 0, got {args.timeout}")
+        raise UserError(f"--timeout must be > 0, got {args.timeout}")
     cfg = None
     if args.config is not None:
         try:
             cfg = read_instance(args.config)
         except ConfigError as exc:
-            return usage_error(f"--config: {exc}")
+            raise UserError(f"--config: {exc}") from None
     try:
         plan = plan_live(args, layers, cfg)
     except ConfigError as exc:
-        return usage_error(f"--config: {exc}")
+        raise UserError(f"--config: {exc}") from None
     except ValueError as exc:
-        return usage_error(str(exc))
+        raise UserError(str(exc)) from None
     if args.manifest is not None and not args.manifest.is_file():
-        return usage_error(f"--manifest: {args.manifest} is not a file")
+        raise UserError(f"--manifest: {args.manifest} is not a file")
     results = run_checks(layers, args, plan)
     print(render_json(results) if args.json else render_text(results))
     return exit_code(results)

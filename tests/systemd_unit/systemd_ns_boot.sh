@@ -1,6 +1,6 @@
 #!/bin/bash
 # Boots a throwaway systemd as PID 1 of new PID/mount/UTS/IPC/network namespaces for
-# tests/unit/test_systemd_boot.py. Usage (as root): unshare --pid --fork --mount --uts --ipc --net
+# tests/systemd_unit/test_systemd_boot.py. Usage (as root): unshare --pid --fork --mount --uts --ipc --net
 # --mount-proc systemd_ns_boot.sh <test-dir> <repo>   (the test renders its units inside)
 #
 # Isolation first, because a system manager touches the host where it can: on 2026-12-02 a first

@@ -58,13 +58,14 @@ from sglang_dflash.config import (
     render_env,
     unset_env,
 )
+from sglang_dflash.errors import UserError
 
 PROG = "sglang-dflash bench"
 DEFAULT_SYNTHETIC_PROMPTS = 64
 
 
-class UsageError(Exception):
-    """Bad input: exit 2 with this one line."""
+class UsageError(UserError):
+    """Bad input to `bench`: cli.main prints this one line and exits 2."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -409,31 +410,28 @@ def _raise_interrupt(signum, frame):
 
 def run(args: argparse.Namespace) -> int:
     status = Status(args.quiet)
+    # A UsageError from here on reaches cli.main (one line, exit 2) before anything starts.
+    check_numbers(args)
+    levels = parse_levels(args.concurrency)
+    plans = build_plans(args)
+    prompts = load_prompts(args)
     try:
-        check_numbers(args)
-        levels = parse_levels(args.concurrency)
-        plans = build_plans(args)
-        prompts = load_prompts(args)
+        base_i = find_baseline([p.point for p in plans],
+                               [p.raw or {} for p in plans], args.baseline)
+    except SweepError as e:
+        raise UsageError(str(e)) from None
+    check_output_path("--json", args.json)
+    check_output_path("--plot", args.plot)
+    if args.plot:
         try:
-            base_i = find_baseline([p.point for p in plans],
-                                   [p.raw or {} for p in plans], args.baseline)
-        except SweepError as e:
+            plot.require_matplotlib()
+        except ImportError as e:
             raise UsageError(str(e)) from None
-        check_output_path("--json", args.json)
-        check_output_path("--plot", args.plot)
-        if args.plot:
-            try:
-                plot.require_matplotlib()
-            except ImportError as e:
-                raise UsageError(str(e)) from None
-        if args.log_dir:
-            try:
-                Path(args.log_dir).mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise UsageError(f"--log-dir {args.log_dir}: {e.strerror or e}") from None
-    except UsageError as e:
-        status.error(str(e))
-        return 2
+    if args.log_dir:
+        try:
+            Path(args.log_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"--log-dir {args.log_dir}: {e.strerror or e}") from None
 
     workdir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="sgl-bench-"))
     bench = Bench(args, prompts, levels,

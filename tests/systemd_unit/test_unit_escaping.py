@@ -16,7 +16,7 @@ import pytest
 
 from sglang_dflash.config import parse_config
 from sglang_dflash.unit import UnitError, UnitOptions, render_unit
-from tests.unit.systemd_tools import analyze_verify, package_prefix
+from tests.systemd_unit.systemd_tools import analyze_verify, package_prefix
 
 BASE = {"name": "qwen", "model": "Qwen/Qwen3-8B", "draftModel": "z-lab/d",
         "algorithm": "ddtree", "gpus": [0]}

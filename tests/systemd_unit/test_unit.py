@@ -20,7 +20,7 @@ from sglang_dflash.unit import (
     quote_exec_arg,
     render_unit,
 )
-from tests.unit.systemd_tools import analyze_verify, package_prefix
+from tests.systemd_unit.systemd_tools import analyze_verify, package_prefix
 
 ROOT = Path(__file__).parents[2]
 MODULE = ROOT / "modules" / "sglang-dflash.nix"
@@ -194,7 +194,7 @@ def test_systemd_analyze_verify_accepts_the_unit(tmp_path, visible_tmp):
     ],
 )
 def test_cli_refuses_paths_the_sandbox_hides(tmp_path, visible_tmp, where, raw, flags, directive):
-    """Found under a real systemd (tests/unit/test_systemd_boot.py): a unit whose config or
+    """Found under a real systemd (tests/systemd_unit/test_systemd_boot.py): a unit whose config or
     program sits in /tmp can never start, because PrivateTmp gives the service an empty /tmp."""
     base = tmp_path if where == "config" else visible_tmp
     config = base / "qwen.json"
