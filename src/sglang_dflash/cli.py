@@ -1,9 +1,10 @@
 """The `sglang-dflash` command: one entry point, one module per subcommand.
 
-Each subcommand module exposes `add_arguments(parser)` and `run(args) -> int`.
-Modules are imported only when their subcommand runs, so `check` stays fast and
-no subcommand pays for another's imports. Exit codes: 0 success, 1 a check or
-run failed, 2 a usage or input error (argparse's own convention).
+Each subcommand is a module of `sglang_dflash.commands` exposing `add_arguments(parser)`
+and `run(args) -> int`. Modules are imported only when their subcommand runs, so `check`
+stays fast and no subcommand pays for another's imports. Bad input anywhere is a
+`sglang_dflash.errors.UserError`, reported here once as one line. Exit codes: 0 success,
+1 a check or run failed, 2 a usage or input error (argparse's own convention).
 """
 
 from __future__ import annotations
@@ -13,14 +14,16 @@ import importlib
 import os
 import sys
 
-# subcommand -> (module, one-line help)
+from sglang_dflash.errors import UserError
+
+# subcommand -> (module in sglang_dflash.commands, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "check": ("sglang_dflash.check.command", "verify the package, ABI, GPUs and a live server"),
-    "serve": ("sglang_dflash.serve", "run one SGLang DFlash/DDTree server from a config file"),
-    "unit": ("sglang_dflash.unit", "render the hardened systemd unit for a non-NixOS host"),
-    "bench": ("sglang_dflash.bench.command", "benchmark a server or a sweep of configurations"),
-    "manifest": ("sglang_dflash.manifest", "print or write the overlay manifest"),
-    "pins": ("sglang_dflash.pins", "print the pins, or sync pyproject's gpu extra from them"),
+    "check": ("check", "verify the package, ABI, GPUs and a live server"),
+    "serve": ("serve", "run one SGLang DFlash/DDTree server from a config file"),
+    "unit": ("unit", "render the hardened systemd unit for a non-NixOS host"),
+    "bench": ("bench", "benchmark a server or a sweep of configurations"),
+    "manifest": ("manifest", "print or write the overlay manifest"),
+    "pins": ("pins", "print the pins, or sync pyproject's gpu extra from them"),
 }
 
 
@@ -43,7 +46,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     for name, (module, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == chosen:
-            mod = importlib.import_module(module)
+            mod = importlib.import_module(f"sglang_dflash.commands.{module}")
             mod.add_arguments(p)
             p.set_defaults(_run=mod.run)
     return parser
@@ -66,14 +69,25 @@ def quiet_broken_pipe() -> int:
     return BROKEN_PIPE_EXIT
 
 
+def one_line(exc: BaseException) -> str:
+    """The exception's message on one line (a stray newline must not split the report)."""
+    return " ".join(str(exc).splitlines()) or type(exc).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    command = None
     try:
         parser = build_parser(argv)
         args = parser.parse_args(argv)
+        command = args.command
         code = int(args._run(args))
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
         return code
+    except UserError as exc:
+        prog = f"sglang-dflash {command}" if command else "sglang-dflash"
+        print(f"{prog}: {one_line(exc)}", file=sys.stderr, flush=True)
+        return exc.exit_code
     except BrokenPipeError:
         return quiet_broken_pipe()
     except KeyboardInterrupt:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sglang_dflash.errors import UserError
+
 ALGORITHMS = ("none", "dflash", "ddtree")
 # Ranges, names and margins shared with the NixOS module (its option types read the same file).
 LIMITS: dict[str, Any] = json.loads(Path(__file__).with_name("limits.json").read_text())
@@ -45,7 +47,7 @@ TYPED_FLAGS = (
 )
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config that cannot be served; the message is one line and names the key."""
 
 

@@ -6,14 +6,10 @@ the generated `gpu` extra in pyproject.toml so it can never drift from the pins.
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
-import sys
 import tomllib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from importlib import resources
-from pathlib import Path
 
 PINS_FILE = "pins.toml"
 _GPU_BEGIN = "# BEGIN GENERATED gpu (sglang-dflash pins sync)"
@@ -74,31 +70,3 @@ def sync_pyproject(text: str, pins: Pins) -> str:
     if not pattern.search(text):
         raise ValueError(f"pyproject.toml has no '{_GPU_BEGIN}' block")
     return pattern.sub(lambda _m: render_gpu_block(pins), text)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "action", nargs="?", default="show", choices=["show", "sync"],
-        help="show: print the pins as JSON; sync: rewrite pyproject's gpu extra",
-    )
-    parser.add_argument("--pyproject", type=Path, default=Path("pyproject.toml"),
-                        help="pyproject.toml to sync (default: ./pyproject.toml)")
-
-
-def run(args: argparse.Namespace) -> int:
-    pins = load_pins()
-    if args.action == "show":
-        print(json.dumps(asdict(pins), indent=2))
-        return 0
-    try:
-        text = args.pyproject.read_text()
-        new = sync_pyproject(text, pins)
-    except (OSError, ValueError) as exc:
-        print(f"sglang-dflash pins sync: {exc}", file=sys.stderr)
-        return 2
-    if new != text:
-        args.pyproject.write_text(new)
-        print(f"updated {args.pyproject}")
-    else:
-        print(f"{args.pyproject} already matches the pins")
-    return 0

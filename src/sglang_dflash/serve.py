@@ -1,4 +1,4 @@
-"""`sglang-dflash serve`: run one SGLang server from an instance config, as systemd expects.
+"""Supervise one SGLang server as systemd expects (what `sglang-dflash serve` runs).
 
 Starts `python -m sglang.launch_server` (this interpreter) as a child, polls /health, and
 tells systemd READY=1 only when the server answers. A child that dies before it is ready
@@ -9,7 +9,6 @@ ends a graceful shutdown by SIGKILLing itself (kill_process_tree), which counts 
 
 from __future__ import annotations
 
-import argparse
 import collections
 import contextlib
 import dataclasses
@@ -28,38 +27,16 @@ from pathlib import Path
 
 from sglang_dflash import sdnotify
 from sglang_dflash.apikey import read_api_key
-from sglang_dflash.config import ConfigError, InstanceConfig, load_config, render_argv, render_env
+from sglang_dflash.config import InstanceConfig, render_argv, render_env
 from sglang_dflash.config import unset_env as config_unset_env
+from sglang_dflash.hosts import health_host
 
 STDERR_TAIL = 20
 TERM_GRACE_S = 30.0
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, metavar="FILE", help="instance config (JSON)")
-    parser.add_argument(
-        "--print-argv",
-        action="store_true",
-        help="print the environment and command serve would run, then exit",
-    )
-    parser.add_argument(
-        "--poll-interval",
-        type=float,
-        default=1.0,
-        metavar="S",
-        help="seconds between /health polls while starting (0.05..5, default 1)",
-    )
-    parser.add_argument(
-        "--stop-grace",
-        type=float,
-        default=TERM_GRACE_S,
-        metavar="S",
-        help=f"seconds SGLang gets after a forwarded signal before it is killed "
-        f"(0.1..300, default {TERM_GRACE_S:g}; keep below the unit's TimeoutStopSec)",
-    )
-
-
 def _err(msg: str) -> None:
+    """A line for the journal (the child's fate, a clean-stop note): not a usage error."""
     print(f"sglang-dflash serve: {msg}", file=sys.stderr, flush=True)
 
 
@@ -68,11 +45,6 @@ def _err(msg: str) -> None:
 
 def child_command(cfg: InstanceConfig, python: str = sys.executable) -> list[str]:
     return [python, "-m", "sglang.launch_server", *render_argv(cfg)]
-
-
-def health_host(host: str) -> str:
-    """Where to poll: a wildcard bind address is reached on loopback."""
-    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
 
 
 def exit_code(returncode: int) -> int:
@@ -374,25 +346,3 @@ def supervise(cfg: InstanceConfig, interval: float, environ: dict[str, str],
         remove_key_config(key_path)
         if sup is not None and sup.proc.poll() is None:
             sup.stop()
-
-
-def run(args: argparse.Namespace) -> int:
-    if not 0.05 <= args.poll_interval <= 5:
-        _err(f"--poll-interval: {args.poll_interval} is outside 0.05..5")
-        return 2
-    if not 0.1 <= args.stop_grace <= 300:
-        _err(f"--stop-grace: {args.stop_grace} is outside 0.1..300")
-        return 2
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as e:
-        _err(f"invalid config: {e}")
-        return 2
-    if args.print_argv:
-        print(render_print(cfg))
-        return 0
-    try:
-        return supervise(cfg, args.poll_interval, dict(os.environ), args.stop_grace)
-    except ConfigError as e:
-        _err(str(e))
-        return 2

@@ -1,8 +1,8 @@
-"""`sglang-dflash unit`: the NixOS module's hardened unit, for hosts that are not NixOS.
+"""The NixOS module's hardened unit, rendered for hosts that are not NixOS (`sglang-dflash unit`).
 
-The seeds' hosts ran Ubuntu and wrote units by hand. This renders the same unit the module
-renders (the directives come from unit-hardening.json, which the module reads too). The unit
-runs `<package path>/bin/sglang-dflash`; the package path defaults to the environment this
+For systemd hosts such as Ubuntu or Debian: the same unit the module renders (the directives
+come from unit-hardening.json, which the module reads too). The unit runs
+`<package path>/bin/sglang-dflash`; the package path defaults to the environment this
 command runs from (the interpreter's prefix: a venv from `uv sync`, or a Nix profile such as
 `nix profile install --profile /nix/var/nix/profiles/sglang-dflash .#sglang-dflash`), and
 `--package-path` names another.
@@ -10,17 +10,16 @@ command runs from (the interpreter's prefix: a venv from `uv sync`, or a Nix pro
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
 import sys
 from dataclasses import dataclass
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
-from sglang_dflash.config import START_TIMEOUT_MARGIN_S, ConfigError, InstanceConfig, load_config
+from sglang_dflash.config import START_TIMEOUT_MARGIN_S, InstanceConfig
+from sglang_dflash.errors import UserError
 
 NIX_PROFILE_PATH = "/nix/var/nix/profiles/sglang-dflash"  # the documented `nix profile` spot
 DEFAULT_DRIVER_LIB = "/run/opengl-driver/lib"
@@ -29,7 +28,7 @@ CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 ACCOUNT_RE = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_.-]{0,31}|[0-9]+)$")
 
 
-class UnitError(ValueError):
+class UnitError(UserError, ValueError):
     """A value that cannot be written into a unit file safely; one line naming the option."""
 
 
@@ -202,67 +201,6 @@ def render_unit(cfg: InstanceConfig, config_path: str, opts: UnitOptions) -> str
     return "\n".join(lines)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, metavar="FILE",
-                        help="instance config (JSON); the unit refers to its absolute path")
-    parser.add_argument("--package-path", "--prefix", dest="package_path", default=None,
-                        metavar="DIR",
-                        help="environment holding bin/sglang-dflash: a venv, a Nix profile "
-                        f"(e.g. {NIX_PROFILE_PATH}) or store path (default: the one this "
-                        "command runs from, sys.prefix)")
-    parser.add_argument("--driver-lib-dir", default=DEFAULT_DRIVER_LIB, metavar="DIR",
-                        help="directory with the host's libcuda.so.1 and NVIDIA libraries "
-                        f"(default {DEFAULT_DRIVER_LIB}; see docs/service.md)")
-    parser.add_argument("--environment-file", metavar="FILE",
-                        help="EnvironmentFile= for secrets such as HF_TOKEN")
-    parser.add_argument("--user", help="static user (default: DynamicUser)")
-    parser.add_argument("--group", help="static group (default: the user's name)")
-    parser.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
-
-
-def _bad(msg: str) -> int:
-    print(f"sglang-dflash unit: {msg}", file=sys.stderr)
-    return 2
-
-
 def default_package_path(prefix: str = sys.prefix) -> str:
     """The environment this command runs from: its bin/ holds the sglang-dflash it would run."""
     return os.path.abspath(prefix)
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as e:
-        return _bad(f"invalid config: {e}")
-    if args.package_path is None:
-        args.package_path = default_package_path()
-        print(f"sglang-dflash unit: note: the unit runs {args.package_path}/bin/sglang-dflash "
-              "(this command's environment; --package-path names another)", file=sys.stderr)
-    for flag, value in (("--package-path", args.package_path),
-                        ("--driver-lib-dir", args.driver_lib_dir),
-                        ("--environment-file", args.environment_file)):
-        if value is not None and not value.startswith("/"):
-            return _bad(f"{flag}: must be an absolute path, got {value!r}")
-    if args.group and not args.user:
-        return _bad("--group needs --user (DynamicUser picks both)")
-    opts = UnitOptions(args.package_path, args.driver_lib_dir, args.environment_file,
-                       args.user, args.group)
-    try:
-        text = render_unit(cfg, os.path.abspath(args.config), opts)
-    except UnitError as e:
-        return _bad(str(e))
-    if not Path(opts.package_path, "bin", "sglang-dflash").exists():
-        print(f"sglang-dflash unit: note: {opts.package_path}/bin/sglang-dflash does not exist "
-              "on this machine yet", file=sys.stderr)
-    if cfg.api_key_file and not Path(cfg.api_key_file).is_file():
-        print(f"sglang-dflash unit: note: apiKeyFile {cfg.api_key_file} does not exist yet; "
-              "systemd's LoadCredential= fails the start until it does", file=sys.stderr)
-    if args.output:
-        try:
-            Path(args.output).write_text(text, encoding="utf-8")
-        except OSError as e:
-            return _bad(f"--output: cannot write {args.output}: {e.strerror or e}")
-    else:
-        sys.stdout.write(text)
-    return 0

@@ -8,7 +8,6 @@ import json
 import pytest
 
 from sglang_dflash.bench import plot
-from sglang_dflash.bench.command import Status
 from sglang_dflash.bench.report import (
     ConfigResult,
     best_table,
@@ -19,6 +18,7 @@ from sglang_dflash.bench.report import (
     summary_table,
 )
 from sglang_dflash.bench.stats import RequestRecord, best_per_concurrency, compare, summarize
+from sglang_dflash.commands.bench import Status
 
 
 def summ(config, conc, tokens, acc=None):

@@ -102,6 +102,23 @@ def make_extension(site: Path, module: str, error: str | None = None,
     (pkg / "__init__.py").write_text(body)
 
 
+def on_pinned_python() -> bool:
+    """This interpreter is the GPU stack's pinned Python (pins `python.package`)."""
+    from sglang_dflash.pins import load_pins
+
+    return "{}.{}".format(*sys.version_info[:2]) == load_pins().python_package
+
+
+def assert_passes_but_for_python(rc: int, res: dict) -> None:
+    """A faked pinned stack passes; on another interpreter (CI's 3.11) exactly `abi.python`
+    FAILs, because that is the truth about this interpreter, not about the fake stack."""
+    fails = sorted(k for k, r in res.items() if k != "_summary" and r.get("status") == "FAIL")
+    if on_pinned_python():
+        assert (rc, fails) == (0, []), res
+    else:
+        assert (rc, fails) == (1, ["abi.python"]), res
+
+
 def pinned_stack(site: Path, torch: str = "2.11.0+cu130", cuda: str | None = "13.0") -> None:
     """torch + the pinned distributions as metadata, and working extensions."""
     from sglang_dflash.pins import load_pins

@@ -96,7 +96,8 @@ H200 = {"qo_heads": 32, "kv_heads": 8, "head_dim": 128, "num_sm": 132}  # Qwen3-
 
 
 def test_workspace_need_matches_flashinfers_own_number_on_the_h200():
-    # FlashInfer's error at N=256, bs=32 (H200, 2026-12-02, docs/gpu-runs/.../serve-ddtree-256):
+    # FlashInfer's error at N=256, bs=32 (H200, 2026-12-02, s2-runB/serve-ddtree-256.log,
+    # summarised in docs/gpu-runs/2026-12-02/s2-runB.json):
     # "batch_prefill_tmp_v with size 603979776"; tmp_s adds 1/128 of it.
     need = s.flashinfer_verify_float_bytes(32, 257, **H200)
     assert need == 603979776 + 603979776 // 128

@@ -21,7 +21,7 @@ from pathlib import Path
 from sglang_dflash.check.driver_msgs import explain_driver_message
 from sglang_dflash.check.finder import find_spec_in
 from sglang_dflash.check.result import FAIL, SKIP, Result, failed, passed, skipped
-from sglang_dflash.pins import Pins
+from sglang_dflash.pins import Pins, gpu_requirements
 
 LAYER = "abi"
 IMPORT_TIMEOUT_S = 90.0
@@ -56,6 +56,31 @@ def read_torch_version(entries: list[str]) -> TorchInfo | None:
     cuda = values.get("cuda")
     return TorchInfo(str(values.get("__version__", "unknown")),
                      str(cuda) if cuda is not None else None, pkg)
+
+
+def check_python(version: tuple[int, ...], pins: Pins, stack_installed: bool) -> Result:
+    """The running interpreter against the pinned GPU stack's (pins `python.package`).
+
+    The gpu extra carries the marker `python_version == '<package>'` on every requirement, so
+    on any other Python `uv sync --extra gpu` (or `pip install '.[gpu]'`) succeeds and installs
+    none of the stack. sglang 0.5.17 publishes wheels for other CPython versions too, but only
+    the pinned one is locked and tested.
+    """
+    found = ".".join(str(v) for v in version[:3])
+    minor = ".".join(str(v) for v in version[:2])
+    want = pins.python_package
+    if minor == want:
+        return passed(LAYER, "python", f"Python {found} is the GPU stack's pinned Python {want}")
+    marker = gpu_requirements(pins)[0].split(";", 1)[1].strip()
+    fix = (f"run it on Python {want}: `uv sync --extra gpu --frozen --python {want}`, "
+           "or the Nix package (`nix build .#sglang-dflash`)")
+    if stack_installed:
+        return failed(LAYER, "python", f"Python {found} runs this, but the GPU stack is locked "
+                      f"and tested for Python {want} only (the gpu extra's marker: {marker}); "
+                      "the stack here was not installed from uv.lock", fix)
+    return failed(LAYER, "python", f"Python {found} runs this, but the gpu extra installs only on "
+                  f"Python {want} (its marker: {marker}): on {minor} `uv sync --extra gpu` "
+                  "installs no torch and no sglang", fix)
 
 
 def check_torch(info: TorchInfo | None, pins: Pins) -> Result:
@@ -301,7 +326,8 @@ def start_imports(extensions: dict[str, str]) -> ExtensionImports:
 def run_layer(pins: Pins, extensions: dict[str, str], entries: list[str], offline: bool,
               imports: ExtensionImports | None = None) -> list[Result]:
     torch = read_torch_version(entries)
-    out = [check_torch(torch, pins)]
+    stack = torch is not None or dist_version("sglang") is not None
+    out = [check_python(sys.version_info, pins, stack), check_torch(torch, pins)]
     versions: dict[str, str | None] = {}
     for dist, pin in pins.distributions.items():
         if dist in ("sglang", "torch"):

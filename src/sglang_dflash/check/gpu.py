@@ -1,7 +1,7 @@
 """GPU layer: driver, every visible device, compute capability, runtime JIT needs.
 
 Everything that touches CUDA runs in ONE subprocess with a timeout (a dead GPU can
-hang forever — one of the seeds' GPUs died after a Triton launch failure); it prints
+hang forever, e.g. a device left faulted by a failed Triton launch); it prints
 facts, and pure functions below turn recorded facts into results.
 """
 

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 from sglang_dflash.check.live import Expectations, expectations_from
 from sglang_dflash.config import InstanceConfig
-from sglang_dflash.serve import health_host
+from sglang_dflash.hosts import local_url
 
 
 def config_url(cfg: InstanceConfig) -> str:
     """The server's base URL from its bind address (a wildcard is reached on loopback)."""
-    host = health_host(cfg.host)
-    if ":" in host:  # an IPv6 literal
-        host = f"[{host}]"
-    return f"http://{host}:{cfg.port}"
+    return local_url(cfg.host, cfg.port)
 
 
 def merged_expectations(cfg: InstanceConfig | None, algorithm: str | None,

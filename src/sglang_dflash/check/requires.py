@@ -4,8 +4,8 @@ distributions' own metadata, the whole closure?
 
 A site directory assembled by hand (copied, or staged without "optional" wheels) can hold a
 complete, pinned sglang whose own dependencies are missing; the server then dies at start-up
-(`No module named 'xgrammar'`, imported by sglang/srt/server_args.py: seen on the H200 on
-2026-12-02) while every other check passes. This reads the metadata only, like `pip check`:
+(`No module named 'xgrammar'`, imported by sglang/srt/server_args.py, when that wheel is left
+out) while every other check passes. This reads the metadata only, like `pip check`:
 nothing is imported. Markers are evaluated for the running interpreter; requirements behind an
 extra are not sglang's base dependencies and are left out.
 """

@@ -1,0 +1,76 @@
+"""`sglang-dflash unit`: print (or write) the hardened systemd unit for a non-NixOS host.
+
+The unit itself is rendered by `sglang_dflash.unit`; this module reads the flags, picks the
+package path (default: the environment this command runs from) and says what the unit will
+need on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from sglang_dflash.config import ConfigError, load_config
+from sglang_dflash.errors import UserError
+from sglang_dflash.unit import (
+    DEFAULT_DRIVER_LIB,
+    NIX_PROFILE_PATH,
+    UnitOptions,
+    default_package_path,
+    render_unit,
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, metavar="FILE",
+                        help="instance config (JSON); the unit refers to its absolute path")
+    parser.add_argument("--package-path", "--prefix", dest="package_path", default=None,
+                        metavar="DIR",
+                        help="environment holding bin/sglang-dflash: a venv, a Nix profile "
+                        f"(e.g. {NIX_PROFILE_PATH}) or store path (default: the one this "
+                        "command runs from, sys.prefix)")
+    parser.add_argument("--driver-lib-dir", default=DEFAULT_DRIVER_LIB, metavar="DIR",
+                        help="directory with the host's libcuda.so.1 and NVIDIA libraries "
+                        f"(default {DEFAULT_DRIVER_LIB}; see docs/service.md)")
+    parser.add_argument("--environment-file", metavar="FILE",
+                        help="EnvironmentFile= for secrets such as HF_TOKEN")
+    parser.add_argument("--user", help="static user (default: DynamicUser)")
+    parser.add_argument("--group", help="static group (default: the user's name)")
+    parser.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as e:
+        raise UserError(f"invalid config: {e}") from None
+    if args.package_path is None:
+        args.package_path = default_package_path()
+        print(f"sglang-dflash unit: note: the unit runs {args.package_path}/bin/sglang-dflash "
+              "(this command's environment; --package-path names another)", file=sys.stderr)
+    for flag, value in (("--package-path", args.package_path),
+                        ("--driver-lib-dir", args.driver_lib_dir),
+                        ("--environment-file", args.environment_file)):
+        if value is not None and not value.startswith("/"):
+            raise UserError(f"{flag}: must be an absolute path, got {value!r}")
+    if args.group and not args.user:
+        raise UserError("--group needs --user (DynamicUser picks both)")
+    opts = UnitOptions(args.package_path, args.driver_lib_dir, args.environment_file,
+                       args.user, args.group)
+    text = render_unit(cfg, os.path.abspath(args.config), opts)  # UnitError: a UserError
+    if not Path(opts.package_path, "bin", "sglang-dflash").exists():
+        print(f"sglang-dflash unit: note: {opts.package_path}/bin/sglang-dflash does not exist "
+              "on this machine yet", file=sys.stderr)
+    if cfg.api_key_file and not Path(cfg.api_key_file).is_file():
+        print(f"sglang-dflash unit: note: apiKeyFile {cfg.api_key_file} does not exist yet; "
+              "systemd's LoadCredential= fails the start until it does", file=sys.stderr)
+    if args.output:
+        try:
+            Path(args.output).write_text(text, encoding="utf-8")
+        except OSError as e:
+            raise UserError(f"--output: cannot write {args.output}: {e.strerror or e}") from None
+    else:
+        sys.stdout.write(text)
+    return 0

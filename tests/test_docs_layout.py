@@ -1,0 +1,368 @@
+"""docs/gpu-runs holds per-run summaries only (≤ 2 MiB), each with a sha256 per raw file, and
+every doc reference into it resolves; scripts/summarise_gpu_run.py writes those summaries."""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNS = ROOT / "docs" / "gpu-runs"
+LIMIT = 2 * 1024 * 1024
+
+_spec = importlib.util.spec_from_file_location(
+    "summarise_gpu_run", ROOT / "scripts" / "summarise_gpu_run.py"
+)
+summarise_gpu_run = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(summarise_gpu_run)
+
+_LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
+_MENTION = re.compile(r"docs/gpu-runs/[A-Za-z0-9_.*/<>-]*[A-Za-z0-9_*>/]")
+_SHA = re.compile(r"^[0-9a-f]{64}$")
+
+
+def summary_problems(runs: Path) -> list[str]:
+    """Why the directory breaks the rule: too big, a raw file in it, a summary short of sha256s."""
+    problems = []
+    files = sorted(p for p in runs.rglob("*") if p.is_file())
+    total = sum(p.stat().st_size for p in files)
+    if total > LIMIT:
+        problems.append(f"{runs}: {total} bytes > {LIMIT}")
+    for p in files:
+        rel = p.relative_to(runs).as_posix()
+        if rel == "README.md":
+            continue
+        if p.suffix != ".json" or len(p.relative_to(runs).parts) != 2:
+            problems.append(
+                f"{rel}: not a <date>/<run>.json summary (raw files stay out of the tree)"
+            )
+            continue
+        try:
+            s = json.loads(p.read_text())
+        except ValueError as exc:
+            problems.append(f"{rel}: not JSON ({exc})")
+            continue
+        if not isinstance(s, dict) or s.get("schema") != summarise_gpu_run.SCHEMA:
+            problems.append(f"{rel}: schema is not {summarise_gpu_run.SCHEMA}")
+            continue
+        raw = s.get("raw_files")
+        if not isinstance(raw, list) or not raw:
+            problems.append(f"{rel}: no raw_files")
+            continue
+        for entry in raw:
+            if not (
+                isinstance(entry, dict)
+                and isinstance(entry.get("path"), str)
+                and isinstance(entry.get("bytes"), int)
+                and _SHA.match(str(entry.get("sha256", "")))
+            ):
+                problems.append(f"{rel}: raw file entry without path/bytes/sha256: {entry!r}"[:300])
+        if not isinstance(s.get("raw_location"), dict):
+            problems.append(f"{rel}: no raw_location")
+        paths = {e.get("path") for e in raw if isinstance(e, dict)}
+        if set(s.get("files", {})) != paths:
+            problems.append(f"{rel}: files and raw_files name different paths")
+    return problems
+
+
+def recorded_raw_paths(runs: Path) -> set[str]:
+    """docs/gpu-runs/<date>/<run>/<file> of every raw file some summary records."""
+    out = set()
+    for p in runs.glob("*/*.json"):
+        try:
+            s = json.loads(p.read_text())
+        except ValueError:
+            continue
+        for e in s.get("raw_files", []) if isinstance(s, dict) else []:
+            if isinstance(e, dict) and isinstance(e.get("path"), str):
+                out.add(f"docs/gpu-runs/{p.parent.name}/{e['path']}")
+    return out
+
+
+def reference_problems(root: Path) -> list[str]:
+    """Links into docs/gpu-runs that do not resolve; named paths that are neither there nor a
+    raw file a summary records (a raw file is traced through its summary)."""
+    runs = root / "docs" / "gpu-runs"
+    recorded = recorded_raw_paths(runs)
+    docs = [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+    problems = []
+    for doc in docs:
+        if not doc.is_file():
+            continue
+        text = doc.read_text()
+        for m in _LINK.finditer(text):
+            target = (doc.parent / m.group(1)).resolve()
+            try:
+                rel = target.relative_to(runs.resolve())
+            except ValueError:
+                continue
+            if not target.exists():
+                problems.append(
+                    f"{doc.relative_to(root)}: link to docs/gpu-runs/{rel.as_posix()},"
+                    " which does not exist"
+                )
+        for m in _MENTION.finditer(text):
+            named = m.group(0).rstrip("/.")
+            if "<" in named:  # a pattern in prose: docs/gpu-runs/<date>/<run>.json
+                continue
+            present = [p.relative_to(root).as_posix() for p in runs.rglob("*")]
+            if any(fnmatch.fnmatch(p, named) for p in present) or (root / named).exists():
+                continue
+            if any(fnmatch.fnmatch(p, named) for p in recorded):
+                continue
+            problems.append(
+                f"{doc.relative_to(root)}: names {named}:"
+                " neither in the tree nor recorded in a summary"
+            )
+    return problems
+
+
+# ---- the repository itself ----------------------------------------------------------------
+
+
+def test_gpu_runs_holds_summaries_only_within_2_mib():
+    assert summary_problems(RUNS) == []
+
+
+def test_every_doc_reference_into_gpu_runs_resolves():
+    assert reference_problems(ROOT) == []
+
+
+def test_summaries_were_made_by_the_script_and_name_where_the_raw_files_are():
+    summaries = sorted(RUNS.glob("*/*.json"))
+    assert summaries, "no run summaries under docs/gpu-runs"
+    for p in summaries:
+        s = json.loads(p.read_text())
+        assert s["generated_by"] == "scripts/summarise_gpu_run.py", p
+        assert s["raw_location"].get("git_commit") or s["raw_location"].get("note"), p
+
+
+def test_raw_files_are_in_git_history_with_the_recorded_size_and_sha256():
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: the raw files' history cannot be read here")
+    wanted = []
+    for p in sorted(RUNS.glob("*/*.json")):
+        s = json.loads(p.read_text())
+        commit = s["raw_location"].get("git_commit")
+        if not commit:
+            continue
+        for e in s["raw_files"]:
+            wanted.append((f"{commit}:docs/gpu-runs/{p.parent.name}/{e['path']}", e))
+    if not wanted:
+        pytest.skip("no summary names a git commit for its raw files")
+    commits = {w.split(":", 1)[0] for w, _ in wanted}
+    for c in commits:
+        r = subprocess.run(
+            ["git", "cat-file", "-e", f"{c}^{{commit}}"], cwd=ROOT, capture_output=True
+        )
+        if r.returncode != 0:
+            pytest.skip(
+                f"commit {c[:12]} is not in this clone (shallow?): raw files not checkable here"
+            )
+    batch = "".join(f"{w}\n" for w, _ in wanted).encode()
+    out = subprocess.run(
+        ["git", "cat-file", "--batch"], cwd=ROOT, input=batch, capture_output=True, check=True
+    ).stdout
+    pos = 0
+    for obj, entry in wanted:
+        nl = out.index(b"\n", pos)
+        header = out[pos:nl].decode()
+        assert not header.endswith("missing"), f"{obj}: not in git history"
+        size = int(header.split()[2])
+        data = out[nl + 1 : nl + 1 + size]
+        pos = nl + 1 + size + 1
+        assert size == entry["bytes"], obj
+        assert hashlib.sha256(data).hexdigest() == entry["sha256"], obj
+
+
+# ---- the checks can fail ------------------------------------------------------------------
+
+
+def _fake_repo(tmp_path: Path) -> Path:
+    runs = tmp_path / "docs" / "gpu-runs" / "2030-01-01"
+    runs.mkdir(parents=True)
+    raw = tmp_path / "raw" / "run1"
+    raw.mkdir(parents=True)
+    (raw / "check.txt").write_text("PASS abi.torch: 2.11.0\n")
+    assert (
+        summarise_gpu_run.main(
+            [str(raw), "--out", str(runs / "run1.json"), "--raw-location", "kept elsewhere"]
+        )
+        == 0
+    )
+    (tmp_path / "README.md").write_text(
+        "see [run 1](docs/gpu-runs/2030-01-01/run1.json), `run1/check.txt`\n"
+    )
+    return tmp_path
+
+
+def test_a_clean_fake_layout_passes(tmp_path):
+    root = _fake_repo(tmp_path)
+    assert summary_problems(root / "docs" / "gpu-runs") == []
+    assert reference_problems(root) == []
+
+
+def test_a_raw_file_or_an_oversize_directory_is_refused(tmp_path):
+    root = _fake_repo(tmp_path)
+    runs = root / "docs" / "gpu-runs"
+    (runs / "2030-01-01" / "run1").mkdir()
+    (runs / "2030-01-01" / "run1" / "serve.log").write_bytes(b"x" * (LIMIT + 1))
+    problems = summary_problems(runs)
+    assert any("bytes >" in p for p in problems)
+    assert any("run1/serve.log: not a <date>/<run>.json summary" in p for p in problems)
+
+
+def test_a_summary_without_sha256_is_refused(tmp_path):
+    root = _fake_repo(tmp_path)
+    p = root / "docs" / "gpu-runs" / "2030-01-01" / "run1.json"
+    s = json.loads(p.read_text())
+    del s["raw_files"][0]["sha256"]
+    p.write_text(json.dumps(s))
+    assert any(
+        "without path/bytes/sha256" in x for x in summary_problems(root / "docs" / "gpu-runs")
+    )
+
+
+def test_a_link_to_a_missing_file_and_an_unrecorded_raw_path_are_refused(tmp_path):
+    root = _fake_repo(tmp_path)
+    (root / "docs" / "x.md").write_text(
+        "[gone](gpu-runs/2030-01-01/run2.json)\n"
+        "recorded: docs/gpu-runs/2030-01-01/run1/check.txt\n"
+        "unrecorded: docs/gpu-runs/2030-01-01/run1/serve.log\n"
+    )
+    problems = reference_problems(root)
+    assert problems == [
+        "docs/x.md: link to docs/gpu-runs/2030-01-01/run2.json, which does not exist",
+        "docs/x.md: names docs/gpu-runs/2030-01-01/run1/serve.log:"
+        " neither in the tree nor recorded in a summary",
+    ]
+
+
+# ---- the script ---------------------------------------------------------------------------
+
+
+def _raw_run(d: Path) -> Path:
+    d.mkdir(parents=True)
+    tokens = list(range(1000, 1064))
+    (d / "results.json").write_text(
+        json.dumps(
+            {
+                "serve": {
+                    "serve:none": {
+                        "ready_seconds": 61.61234567,
+                        "log_tail": "\n".join(f"l{i}" for i in range(50)),
+                        "greedy": {"outputs": [tokens]},
+                    }
+                },
+                "plant": {
+                    "plant:16": {
+                        "summary": {
+                            "all_identical": True,
+                            "accept_length_by_schedule": {"chain": 16.0},
+                        }
+                    }
+                },
+            }
+        )
+    )
+    (d / "serve-plant-16.log").write_text(
+        "[2026-12-02 10:44:02] Capture target verify CUDA graph end. elapsed=25.52 s\n"
+        '[2026-12-02 10:44:04] INFO:     127.0.0.1:1 - "GET /health HTTP/1.1" 503\n'
+        "[2026-12-02 10:44:05] Decode batch, #running-req: 1, accept len: 3.15,"
+        " gen throughput (token/s): 210.5\n"
+        "[2026-12-02 10:44:06] Decode batch, #running-req: 1, accept len: 1.43,"
+        " gen throughput (token/s): 99.0\n"
+        "[2026-12-02 10:44:36] Health check failed. last_heartbeat time: 10:44:16\n"
+        "[2026-12-02 10:44:37] Health check failed. last_heartbeat time: 10:44:16\n"
+    )
+    win = {
+        "budget": 16,
+        "bs": 1,
+        "rounds": 64,
+        "ms": {s: {"mean": 2.0, "p50": 1.0} for s in summarise_gpu_run.STAGES},
+    }
+    win2 = {**win, "ms": {s: {"mean": 1.0, "p50": 3.0} for s in summarise_gpu_run.STAGES}}
+    (d / "profile-plant-16.jsonl").write_text(json.dumps(win) + "\n" + json.dumps(win2) + "\n")
+    (d / "check.txt").write_text("PASS abi.torch: 2.11.0+cu130\nFAIL package.overlay: differs\n")
+    return d
+
+
+def test_script_records_every_raw_file_and_the_cited_figures(tmp_path):
+    run = _raw_run(tmp_path / "2030-01-01" / "runA")
+    assert summarise_gpu_run.main([str(run), "--raw-location", "on the lead's disk"]) == 0
+    s = json.loads((tmp_path / "2030-01-01" / "runA.json").read_text())
+    assert s["raw_location"] == {"note": "on the lead's disk"}
+    assert {e["path"]: (e["bytes"], e["sha256"]) for e in s["raw_files"]} == {
+        f"runA/{f.name}": (f.stat().st_size, hashlib.sha256(f.read_bytes()).hexdigest())
+        for f in run.iterdir()
+    }
+    f = s["files"]
+    res = f["runA/results.json"]
+    assert res["serve"]["serve:none"]["ready_seconds"] == 61.6123
+    assert res["plant"]["plant:16"]["summary"]["all_identical"] is True
+    outputs = res["serve"]["serve:none"]["greedy"]["outputs"][0]
+    assert (
+        outputs["n"] == 64
+        and outputs["sha256"]
+        == hashlib.sha256(json.dumps(list(range(1000, 1064))).encode()).hexdigest()
+    )
+    assert res["serve"]["serve:none"]["log_tail"]["tail"][-1] == "l49"
+    log = f["runA/serve-plant-16.log"]
+    assert log["decode_batch"] == {
+        "lines": 2,
+        "accept_len_values": [1.43, 3.15],
+        "gen_throughput_max": 210.5,
+    }
+    assert not any("GET /health" in str(k) for k in log["kept"])
+    assert log["kept"][0].endswith("elapsed=25.52 s")
+    assert log["kept"][1]["count"] == 2
+    prof = f["runA/profile-plant-16.jsonl"]["by_bs"][0]
+    assert prof["rounds"] == 128 and prof["windows"] == 2
+    assert prof["p50_median_ms"]["verify"] == 2.0 and prof["first_window_mean_ms"]["verify"] == 2.0
+    assert f["runA/check.txt"] == ["PASS abi.torch: 2.11.0+cu130", "FAIL package.overlay: differs"]
+
+
+def test_script_with_raw_commit_checks_each_file_and_remove_deletes_them(tmp_path, capsys):
+    if shutil.which("git") is None:
+        pytest.skip("git not installed")
+    repo = tmp_path / "repo"
+    run = _raw_run(repo / "docs" / "gpu-runs" / "2030-01-01" / "runA")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=repo, check=True)
+    subprocess.run([*git, "commit", "-qm", "raw"], cwd=repo, check=True)
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True
+    ).stdout.strip()
+    (run / "check.txt").write_text("edited after the commit\n")
+    assert summarise_gpu_run.main([str(run), "--raw-commit", "HEAD"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "summarise_gpu_run: docs/gpu-runs/2030-01-01/runA/check.txt:"
+        f" differs from its copy in commit {head[:12]}"
+    ]
+    subprocess.run(["git", "checkout", "-q", "--", "."], cwd=repo, check=True)
+    assert summarise_gpu_run.main([str(run), "--raw-commit", "HEAD", "--remove"]) == 0
+    assert not run.exists()
+    s = json.loads((run.parent / "runA.json").read_text())
+    assert s["raw_location"]["git_commit"] == head
+    assert s["raw_location"]["read_with"].startswith(
+        f"git show {head[:12]}:docs/gpu-runs/2030-01-01/runA/"
+    )
+    assert summary_problems(repo / "docs" / "gpu-runs") == []
+
+
+def test_script_refuses_a_missing_directory_in_one_line(tmp_path, capsys):
+    assert summarise_gpu_run.main([str(tmp_path / "nope")]) == 1
+    assert (
+        capsys.readouterr().err.strip()
+        == f"summarise_gpu_run: {tmp_path / 'nope'}: no such file or directory"
+    )
