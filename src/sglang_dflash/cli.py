@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "check": ("sglang_dflash.check.command", "verify the package, ABI, GPUs and a live server"),
     "serve": ("sglang_dflash.serve", "run one SGLang DFlash/DDTree server from a config file"),
     "unit": ("sglang_dflash.unit", "render the hardened systemd unit for a non-NixOS host"),
+    "router": ("sglang_dflash.router", "run SGLang's router (smg) over instances from a config"),
     "bench": ("sglang_dflash.bench.command", "benchmark a server or a sweep of configurations"),
     "manifest": ("sglang_dflash.manifest", "print or write the overlay manifest"),
     "pins": ("sglang_dflash.pins", "print the pins, or sync pyproject's gpu extra from them"),
