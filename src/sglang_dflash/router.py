@@ -468,3 +468,82 @@ def run(args: argparse.Namespace) -> int:
         _err(str(e))
         return 2
 
+
+
+# ---- the unit for hosts that are not NixOS (`sglang-dflash unit --router`) ------------------
+
+
+def router_directives(shared: dict[str, Any]) -> list[dict[str, Any]]:
+    """The instances' hardening with routerHardening's entries replacing theirs (no GPU)."""
+    override = {e["key"]: e for e in shared.get("routerHardening", [])}
+    merged = [override.get(e["key"], e) for e in shared["hardening"]]
+    have = {e["key"] for e in shared["hardening"]}
+    return merged + [e for k, e in override.items() if k not in have]
+
+
+def unit_name(cfg: RouterConfig) -> str:
+    return f"sglang-dflash-router-{cfg.name}.service"
+
+
+def render_unit(cfg: RouterConfig, workers: list[Worker], config_path: str, opts) -> str:
+    """The router's unit text (pure but for the hardening file); UnitError for unsafe values."""
+    from sglang_dflash.unit import (
+        UnitError,
+        directive_lines,
+        env_line,
+        exec_line,
+        load_hardening,
+        sandbox_hidden,
+        spec_escape,
+    )
+
+    shared = load_hardening()
+    for name, value in (("--config", config_path), ("--package-path", opts.package_path),
+                        ("--environment-file", opts.environment_file),
+                        ("apiKeyFile", cfg.api_key_file)):
+        if value is not None and CONTROL_RE.search(value):
+            raise UnitError(f"{name}: must not contain control characters, got {value!r}")
+    for name, value in (("--config", config_path), ("--package-path", opts.package_path),
+                        *((f"workers[{i}]", w) for i, w in enumerate(cfg.workers)
+                          if is_instance_path(w))):
+        hidden = sandbox_hidden(value, shared)
+        if hidden is not None:
+            raise UnitError(f"{name}: {value} is hidden from the service by {hidden}=true; "
+                            "move it (e.g. under /srv or /etc) or the unit can never start")
+    exe = f"{opts.package_path.rstrip('/')}/bin/sglang-dflash"
+    sub = f"sglang-dflash-router-{cfg.name}"
+    local = [f"sglang-dflash-{w.instance}.service" for w in workers if w.instance]
+    after = " ".join(["network-online.target", *local])
+    lines = [
+        f"# {unit_name(cfg)}: rendered by `sglang-dflash unit --router` from {config_path}",
+        "# Directives and their reasons: sglang_dflash/unit-hardening.json (routerHardening",
+        "# replaces the GPU entries). Re-render instead of editing by hand.",
+        "[Unit]",
+        f"Description=SGLang router (smg) {cfg.name}: {cfg.policy} over {len(workers)} worker(s)",
+        f"After={after}",
+        f"Wants={after}",
+        *directive_lines(shared["unit"]),
+        "",
+        "[Service]",
+        *directive_lines(shared["lifecycle"]),
+        f"TimeoutStartSec={cfg.start_timeout + LIMITS['startTimeoutMarginS']}s",
+    ]
+    if opts.user is None:
+        lines.append("DynamicUser=true")
+    else:
+        lines += [f"User={opts.user}", f"Group={opts.group or opts.user}"]
+    lines += [
+        f"StateDirectory={sub}", f"RuntimeDirectory={sub}",
+        "StateDirectoryMode=0700", "RuntimeDirectoryMode=0700",
+        f"WorkingDirectory=%S/{sub}",
+        env_line("HOME", f"%S/{sub}"),
+        env_line("PYTHONUNBUFFERED", "1"),
+    ]
+    if opts.environment_file:
+        lines.append(f"EnvironmentFile={spec_escape(opts.environment_file)}")
+    if cfg.api_key_file:
+        lines.append(f"LoadCredential=api-key:{spec_escape(cfg.api_key_file)}")
+    lines.append("ExecStart=" + exec_line([exe, "router", "--config", config_path]))
+    lines += directive_lines(router_directives(shared))
+    lines += ["", "[Install]", "WantedBy=multi-user.target", ""]
+    return "\n".join(lines)

@@ -218,6 +218,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--user", help="static user (default: DynamicUser)")
     parser.add_argument("--group", help="static group (default: the user's name)")
     parser.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    parser.add_argument("--router", action="store_true",
+                        help="--config is a router config: render the router's unit "
+                        "(sglang-dflash-router-<name>.service; docs/router.md)")
 
 
 def _bad(msg: str) -> int:
@@ -231,6 +234,8 @@ def default_package_path(prefix: str = sys.prefix) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "router", False):
+        return run_router(args)
     try:
         cfg = load_config(args.config)
     except ConfigError as e:
@@ -258,6 +263,42 @@ def run(args: argparse.Namespace) -> int:
     if cfg.api_key_file and not Path(cfg.api_key_file).is_file():
         print(f"sglang-dflash unit: note: apiKeyFile {cfg.api_key_file} does not exist yet; "
               "systemd's LoadCredential= fails the start until it does", file=sys.stderr)
+    if args.output:
+        try:
+            Path(args.output).write_text(text, encoding="utf-8")
+        except OSError as e:
+            return _bad(f"--output: cannot write {args.output}: {e.strerror or e}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def run_router(args: argparse.Namespace) -> int:
+    """`unit --router --config FILE`: the router's unit, same options and checks."""
+    from sglang_dflash import router
+
+    try:
+        cfg = router.load_router_config(args.config)
+        workers = router.resolve_workers(cfg)
+    except ConfigError as e:
+        return _bad(f"invalid config: {e}")
+    if args.package_path is None:
+        args.package_path = default_package_path()
+    for flag, value in (("--package-path", args.package_path),
+                        ("--environment-file", args.environment_file)):
+        if value is not None and not value.startswith("/"):
+            return _bad(f"{flag}: must be an absolute path, got {value!r}")
+    if args.group and not args.user:
+        return _bad("--group needs --user (DynamicUser picks both)")
+    for name, value in (("--user", args.user), ("--group", args.group)):
+        if value is not None and not ACCOUNT_RE.match(value):
+            return _bad(f"{name}: {value!r} is not a user/group name or numeric id")
+    opts = UnitOptions(args.package_path, args.driver_lib_dir, args.environment_file,
+                       args.user, args.group)
+    try:
+        text = router.render_unit(cfg, workers, os.path.abspath(args.config), opts)
+    except UnitError as e:
+        return _bad(str(e))
     if args.output:
         try:
             Path(args.output).write_text(text, encoding="utf-8")
