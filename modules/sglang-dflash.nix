@@ -19,6 +19,7 @@ let
   between = r: types.ints.between r.min r.max;
   startTimeoutMargin = limits.startTimeoutMarginS;
   wildcardHosts = [ "0.0.0.0" "::" ];
+  nnodesOf = i: if i.multiNode == null then 1 else i.multiNode.nnodes;
 
   instanceModule = { name, config, ... }: {
     options = {
@@ -100,9 +101,35 @@ let
       };
       tensorParallelSize = mkOption {
         type = between limits.tensorParallelSize;
-        default = lib.max 1 (builtins.length config.gpus);
-        defaultText = literalExpression "max 1 (length gpus)";
-        description = "Tensor-parallel size (--tp-size); must equal the number of GPUs.";
+        default = lib.max 1 (builtins.length config.gpus) * nnodesOf config;
+        defaultText = literalExpression "max 1 (length gpus) * (multiNode.nnodes or 1)";
+        description = "Tensor-parallel size (--tp-size); must equal the number of GPUs (times multiNode.nnodes).";
+      };
+      # Issue 17: metrics and multi-node tensor parallelism (docs/router.md).
+      metrics.enable = mkEnableOption "SGLang's Prometheus metrics on /metrics (--enable-metrics)";
+      multiNode = mkOption {
+        type = types.nullOr (types.submodule {
+          options = {
+            nnodes = mkOption {
+              type = types.ints.between 2 limits.tensorParallelSize.max;
+              description = "Number of hosts the tensor-parallel group spans (--nnodes).";
+            };
+            nodeRank = mkOption {
+              type = types.ints.unsigned;
+              description = "This host's rank (--node-rank); rank 0 serves HTTP.";
+            };
+            distInitAddr = mkOption {
+              type = types.str;
+              example = "10.0.0.1:20000";
+              description = "host:port of rank 0's torch.distributed store, the same on every node (--dist-init-addr).";
+            };
+          };
+        });
+        default = null;
+        description = ''
+          Multi-node tensor parallelism: this instance is one rank of a group spanning nnodes
+          hosts (tensorParallelSize counts the GPUs of all of them). Only rank 0 serves HTTP.
+        '';
       };
       memFractionStatic = mkOption {
         type = types.nullOr (types.numbers.between 0 1);
@@ -230,7 +257,8 @@ let
         host port gpus tensorParallelSize memFractionStatic attentionBackend
         draftAttentionBackend contextLength maxRunningRequests servedModelName apiKeyFile
         environment extraArgs preflight startTimeout loadFormat draftLoadFormat
-        skipTokenizerInit;
+        skipTokenizerInit multiNode;
+      metrics = { inherit (config.metrics) enable; };
       ddtree = { inherit (config.ddtree) budget; };
       cacheDir = "/var/cache/sglang-dflash-${name}";
     };
@@ -285,7 +313,7 @@ let
         message = "${p}: the instance name must match ${limits.instanceName} (it names a unit).";
       }
       {
-        assertion = i.gpus == [ ] || i.tensorParallelSize == builtins.length i.gpus;
+        assertion = i.gpus == [ ] || i.tensorParallelSize == builtins.length i.gpus * nnodesOf i;
         message = "${p}.tensorParallelSize = ${toString i.tensorParallelSize} does not match "
           + "the ${toString (builtins.length i.gpus)} GPU(s) in gpus = [ ${lib.concatMapStringsSep " " toString i.gpus} ].";
       }
@@ -328,6 +356,28 @@ let
           + "not CUDA_VISIBLE_DEVICES / SGLANG_DFLASH_DDTREE_BUDGET.";
       }
     ];
+
+  # Multi-node tensor parallelism (issue 17); sglang_dflash.config refuses the same values.
+  multiNodeAssertions = name: i:
+    let p = "services.sglang-dflash.instances.${name}.multiNode"; m = i.multiNode; in
+    lib.optionals (m != null) [
+      {
+        assertion = m.nodeRank < m.nnodes;
+        message = "${p}.nodeRank = ${toString m.nodeRank} must be below nnodes = ${toString m.nnodes}.";
+      }
+      {
+        assertion = lib.mod i.tensorParallelSize m.nnodes == 0;
+        message = "${p}: tensorParallelSize = ${toString i.tensorParallelSize} is not divisible by nnodes = ${toString m.nnodes}.";
+      }
+      {
+        assertion = builtins.match "(\\[[0-9A-Fa-f:.]+]|[A-Za-z0-9][A-Za-z0-9.-]*):[0-9]{1,5}" m.distInitAddr != null;
+        message = "${p}.distInitAddr = \"${m.distInitAddr}\" is not host:port (rank 0's address).";
+      }
+    ];
+  # [ port ] of a valid distInitAddr, [ ] otherwise (the assertion above reports it)
+  distPort = i:
+    let m = builtins.match ".*:([0-9]{1,5})" i.multiNode.distInitAddr; in
+    lib.optional (m != null) (lib.toInt (lib.head m));
 
   # --- units -----------------------------------------------------------------------------
   mkService = name: i:
@@ -385,6 +435,8 @@ let
   staticUsers = lib.filter (i: i.user != null) (lib.attrValues enabled);
 in
 {
+  imports = [ ./router.nix ]; # services.sglang-dflash.routers (SGLang's router, smg)
+
   options.services.sglang-dflash = {
     package = lib.mkPackageOption pkgs "sglang-dflash" { } // {
       description = ''
@@ -415,12 +467,16 @@ in
 
   config = lib.mkIf (enabled != { }) {
     assertions = socketAssertions ++ gpuAssertions
-      ++ lib.concatLists (lib.mapAttrsToList instanceAssertions enabled);
+      ++ lib.concatLists (lib.mapAttrsToList instanceAssertions enabled)
+      ++ lib.concatLists (lib.mapAttrsToList multiNodeAssertions enabled);
 
     systemd.services = lib.mapAttrs' mkService enabled;
 
     networking.firewall.allowedTCPPorts =
-      lib.concatMap (i: lib.optional i.openFirewall i.port) (lib.attrValues enabled);
+      lib.concatMap (i: lib.optional i.openFirewall i.port) (lib.attrValues enabled)
+      # rank 0 of a multi-node group: the other ranks reach its torch.distributed store
+      ++ lib.concatMap (i: lib.optionals (i.openFirewall && i.multiNode != null
+        && i.multiNode.nodeRank == 0) (distPort i)) (lib.attrValues enabled);
 
     users.users = lib.listToAttrs (map
       (i: lib.nameValuePair i.user {

@@ -84,3 +84,37 @@ def test_sync_rewrites_only_the_generated_block():
 def test_missing_pin_table_is_named():
     with pytest.raises(KeyError, match="cuda"):
         parse_pins('[python]\npackage = "3.12"\ncli_min = "3.11"\n[distributions]\n')
+
+
+def test_pyproject_router_extra_is_generated_from_pins():
+    from sglang_dflash.pins import render_router_block
+
+    pins = load_pins()
+    assert pins.router, "pins.toml has no [router] table"
+    text = (REPO / "pyproject.toml").read_text()
+    assert render_router_block(pins) in text, "run `sglang-dflash pins sync`"
+    extra = tomllib.loads(text)["project"]["optional-dependencies"]["router"]
+    assert extra == [f"{d}=={v}" for d, v in pins.router.items()]
+
+
+def test_uv_lock_has_the_pinned_router_with_a_linux_wheel(lock):
+    pkgs = _lock_packages(lock)
+    me = next(p for p in lock["package"] if p["name"] == "sglang-dflash")
+    locked = {r["name"]: r.get("specifier") for r in me["metadata"]["requires-dist"]
+              if "extra == 'router'" in r.get("marker", "")}
+    assert locked == {d: f"=={v}" for d, v in load_pins().router.items()}, "run `uv lock`"
+    for dist, version in load_pins().router.items():
+        assert {p["version"] for p in pkgs.get(dist, [])} == {version}, f"{dist} in uv.lock"
+        names = [w["url"].rsplit("/", 1)[1] for p in pkgs[dist] for w in p.get("wheels", [])]
+        assert any("abi3" in n and "manylinux" in n and "x86_64" in n for n in names), names
+
+
+def test_sync_rewrites_the_router_block_too():
+    text = (REPO / "pyproject.toml").read_text()
+    bumped = parse_pins((REPO / "src/sglang_dflash/pins.toml").read_text()
+                        .replace('smg = "1.13.0"', 'smg = "9.9.9"'))
+    new = sync_pyproject(text, bumped)
+    assert '"smg==9.9.9"' in new and "smg==1.13.0" not in new
+    assert new.replace("smg==9.9.9", "smg==1.13.0") == text
+    with pytest.raises(ValueError, match="router"):
+        sync_pyproject(text.replace("# BEGIN GENERATED router", "# gone"), bumped)

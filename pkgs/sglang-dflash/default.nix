@@ -36,8 +36,9 @@ let
 
   pythonSet = (callPackage pyproject-nix.build.packages { inherit python; }).overrideScope pythonOverlay;
 
-  # The runtime closure: the project with its `gpu` extra (see pyproject.toml).
-  venv = pythonSet.mkVirtualEnv "sglang-dflash-env" { sglang-dflash = [ "gpu" ]; };
+  # The runtime closure: the project with its `gpu` extra and its `router` extra (smg, SGLang's
+  # router, which `sglang-dflash router` runs; see pyproject.toml and docs/router.md).
+  venv = pythonSet.mkVirtualEnv "sglang-dflash-env" { sglang-dflash = [ "gpu" "router" ]; };
 
   runtimeEnv = callPackage ./runtime-env.nix { inherit pins cudaPackages; };
 

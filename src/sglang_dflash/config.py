@@ -44,7 +44,10 @@ TYPED_FLAGS = (
     "--model-path", "--model", "--host", "--port", "--tp-size", "--tensor-parallel-size",
     "--speculative-algorithm", "--speculative-draft-model-path", "--speculative-draft-model",
     "--speculative-dflash-block-size", "--speculative-num-draft-tokens",
+    "--enable-metrics", "--nnodes", "--node-rank", "--dist-init-addr", "--nccl-init-addr",
 )
+# host:port of rank 0's torch.distributed store: a name or IPv4 address, or a bracketed IPv6 one.
+DIST_ADDR_RE = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]*):([0-9]{1,5})$")
 
 
 class ConfigError(UserError, ValueError):
@@ -54,6 +57,15 @@ class ConfigError(UserError, ValueError):
 @dataclass(frozen=True)
 class DDTreeConfig:
     budget: int = DEFAULT_BUDGET
+
+
+@dataclass(frozen=True)
+class MultiNodeConfig:
+    """Multi-node tensor parallelism: this host is rank `node_rank` of `nnodes`."""
+
+    nnodes: int
+    node_rank: int
+    dist_init_addr: str
 
 
 @dataclass(frozen=True)
@@ -87,6 +99,8 @@ class InstanceConfig:
     draft_load_format: str | None = None
     skip_tokenizer_init: bool = False
     cache_dir: str | None = None
+    metrics_enable: bool = False
+    multi_node: MultiNodeConfig | None = None
 
     @property
     def speculative(self) -> bool:
@@ -119,7 +133,7 @@ _SCALARS: dict[str, tuple[tuple[type, ...], bool]] = {
     "skipTokenizerInit": ((bool,), False),
     "cacheDir": ((str,), True),
 }
-KNOWN_KEYS = (*_SCALARS, "ddtree", "gpus", "environment", "extraArgs")
+KNOWN_KEYS = (*_SCALARS, "ddtree", "gpus", "environment", "extraArgs", "metrics", "multiNode")
 
 
 def _type_name(types: tuple[type, ...]) -> str:
@@ -170,6 +184,51 @@ def _parse_ddtree(raw: Any) -> DDTreeConfig:
     _check_type("ddtree.budget", budget, (int,), False)
     _in_range("ddtree.budget", budget, BUDGET_MIN, BUDGET_MAX)
     return DDTreeConfig(budget=budget)
+
+
+def _parse_metrics(raw: Any) -> bool:
+    """`metrics: {"enable": bool}` -> whether SGLang serves Prometheus metrics on /metrics."""
+    if raw is None:
+        return False
+    if not isinstance(raw, dict):
+        raise ConfigError(f"metrics: must be an object like {{\"enable\": true}}, got {raw!r}")
+    unknown = sorted(set(raw) - {"enable"})
+    if unknown:
+        raise ConfigError(f"metrics.{unknown_key_message(unknown[0], ['enable'])}")
+    enable = raw.get("enable", False)
+    _check_type("metrics.enable", enable, (bool,), False)
+    return enable
+
+
+MULTI_NODE_KEYS = ("nnodes", "nodeRank", "distInitAddr")
+
+
+def _parse_multi_node(raw: Any) -> MultiNodeConfig | None:
+    """`multiNode: {nnodes, nodeRank, distInitAddr}`; null (or absent) is one node."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ConfigError("multiNode: must be an object like {\"nnodes\": 2, \"nodeRank\": 0, "
+                          f"\"distInitAddr\": \"10.0.0.1:20000\"}}, got {raw!r}")
+    unknown = sorted(set(raw) - set(MULTI_NODE_KEYS))
+    if unknown:
+        raise ConfigError(f"multiNode.{unknown_key_message(unknown[0], MULTI_NODE_KEYS)}")
+    for key in MULTI_NODE_KEYS:
+        if key not in raw:
+            raise ConfigError(f"multiNode.{key}: required key is missing")
+    nnodes, rank, addr = raw["nnodes"], raw["nodeRank"], raw["distInitAddr"]
+    _check_type("multiNode.nnodes", nnodes, (int,), False)
+    _check_type("multiNode.nodeRank", rank, (int,), False)
+    _check_type("multiNode.distInitAddr", addr, (str,), False)
+    _in_range("multiNode.nnodes", nnodes, 2, LIMITS["tensorParallelSize"]["max"])
+    if not 0 <= rank < nnodes:
+        raise ConfigError(f"multiNode.nodeRank: {rank} must be in 0..{nnodes - 1} "
+                          f"(nnodes = {nnodes})")
+    m = DIST_ADDR_RE.match(addr)
+    if not m or not 1 <= int(m.group(1)) <= 65535:
+        raise ConfigError(f"multiNode.distInitAddr: {addr!r} is not host:port (rank 0's "
+                          "address, the same on every node, e.g. 10.0.0.1:20000)")
+    return MultiNodeConfig(nnodes, rank, addr)
 
 
 def _parse_gpus(raw: Any) -> tuple[int, ...]:
@@ -285,15 +344,24 @@ def parse_config(raw: Any) -> InstanceConfig:
     values["ddtree"] = _parse_ddtree(raw.get("ddtree"))
     gpus = _parse_gpus(raw.get("gpus", [0]))
     values["gpus"] = gpus
+    multi = _parse_multi_node(raw.get("multiNode"))
+    nnodes = multi.nnodes if multi else 1
     tp = values.get("tensor_parallel_size")
     if tp is None:
-        tp = max(len(gpus), 1)
+        tp = max(len(gpus), 1) * nnodes
     _limit("tensorParallelSize", tp)
-    if gpus and tp != len(gpus):
+    if multi and tp % nnodes:
+        raise ConfigError(f"tensorParallelSize: {tp} is not divisible by multiNode.nnodes = "
+                          f"{nnodes} (each node runs tensorParallelSize / nnodes ranks)")
+    if gpus and tp != len(gpus) * nnodes:
+        per_node = f" x {nnodes} nodes" if multi else ""
         raise ConfigError(
-            f"tensorParallelSize: {tp} does not match the {len(gpus)} GPU(s) in gpus {list(gpus)}"
+            f"tensorParallelSize: {tp} does not match the {len(gpus)} GPU(s) in gpus "
+            f"{list(gpus)}{per_node}"
         )
     values["tensor_parallel_size"] = tp
+    values["multi_node"] = multi
+    values["metrics_enable"] = _parse_metrics(raw.get("metrics"))
     values["environment"] = _parse_environment(raw.get("environment", {}))
     values["extra_args"] = _parse_extra_args(raw.get("extraArgs", []))
     return InstanceConfig(**values)
@@ -334,6 +402,12 @@ def render_argv(cfg: InstanceConfig) -> list[str]:
         argv += ["--revision", cfg.model_revision]
     argv += ["--host", cfg.host, "--port", str(cfg.port)]
     argv += ["--tp-size", str(cfg.tensor_parallel_size)]
+    if cfg.multi_node is not None:
+        mn = cfg.multi_node
+        argv += ["--nnodes", str(mn.nnodes), "--node-rank", str(mn.node_rank),
+                 "--dist-init-addr", mn.dist_init_addr]
+    if cfg.metrics_enable:
+        argv.append("--enable-metrics")
     optional = [
         ("--mem-fraction-static", cfg.mem_fraction_static),
         ("--attention-backend", cfg.attention_backend),

@@ -13,3 +13,8 @@ class UserError(Exception):
     """Bad input (a flag, a config file, a path); the message is one line."""
 
     exit_code = 2
+
+    def __init__(self, message: str, *, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code

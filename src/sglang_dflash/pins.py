@@ -1,7 +1,7 @@
 """The pins: read from pins.toml (the one human-edited place), rendered elsewhere.
 
 `load_pins()` is what every other module uses. `sglang-dflash pins sync` rewrites
-the generated `gpu` extra in pyproject.toml so it can never drift from the pins.
+the generated `gpu` and `router` extras in pyproject.toml so they can never drift from the pins.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from importlib import resources
 PINS_FILE = "pins.toml"
 _GPU_BEGIN = "# BEGIN GENERATED gpu (sglang-dflash pins sync)"
 _GPU_END = "# END GENERATED gpu"
+_ROUTER_BEGIN = "# BEGIN GENERATED router (sglang-dflash pins sync)"
+_ROUTER_END = "# END GENERATED router"
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,8 @@ class Pins:
     driver_api_min: int
     distributions: dict[str, str]
     lockstep: dict[str, list[str]] = field(default_factory=dict)
+    # SGLang's router (smg); not part of the GPU stack the check's abi layer judges.
+    router: dict[str, str] = field(default_factory=dict)
 
     def version(self, dist: str) -> str:
         return self.distributions[dist]
@@ -43,6 +47,7 @@ def parse_pins(text: str) -> Pins:
         driver_api_min=int(data["cuda"]["driver_api_min"]),
         distributions=dict(data["distributions"]),
         lockstep={k: list(v) for k, v in data.get("lockstep", {}).items()},
+        router=dict(data.get("router", {})),
     )
 
 
@@ -64,9 +69,24 @@ def render_gpu_block(pins: Pins) -> str:
     return "\n".join(lines)
 
 
+def router_requirements(pins: Pins) -> list[str]:
+    """The `router` extra: the router's wheel is abi3, so no interpreter marker."""
+    return [f"{dist}=={ver}" for dist, ver in pins.router.items()]
+
+
+def render_router_block(pins: Pins) -> str:
+    lines = [_ROUTER_BEGIN, "router = ["]
+    lines += [f'    "{req}",' for req in router_requirements(pins)]
+    lines += ["]", _ROUTER_END]
+    return "\n".join(lines)
+
+
 def sync_pyproject(text: str, pins: Pins) -> str:
-    """Return pyproject text with the generated gpu block replaced."""
-    pattern = re.compile(re.escape(_GPU_BEGIN) + r".*?" + re.escape(_GPU_END), re.S)
-    if not pattern.search(text):
-        raise ValueError(f"pyproject.toml has no '{_GPU_BEGIN}' block")
-    return pattern.sub(lambda _m: render_gpu_block(pins), text)
+    """Return pyproject text with the generated gpu and router blocks replaced."""
+    for begin, end, render in ((_GPU_BEGIN, _GPU_END, render_gpu_block),
+                               (_ROUTER_BEGIN, _ROUTER_END, render_router_block)):
+        pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
+        if not pattern.search(text):
+            raise ValueError(f"pyproject.toml has no '{begin}' block")
+        text = pattern.sub(lambda _m, r=render: r(pins), text)
+    return text

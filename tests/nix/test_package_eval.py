@@ -42,7 +42,8 @@ def test_package_is_the_project_with_its_gpu_extra(flake):
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     pkg = flake["package"]
     assert pkg["name"] == f"sglang-dflash-{project['version']}"
-    assert pkg["venvSpec"] == {"sglang-dflash": ["gpu"]}
+    # the GPU stack and SGLang's router (smg, pins.toml [router]; docs/router.md)
+    assert pkg["venvSpec"] == {"sglang-dflash": ["gpu", "router"]}
     assert pkg["mainProgram"] == "sglang-dflash"
     assert pkg["pins"] == PINS.distributions
     assert pkg["sglangVersion"] == PINS.version("sglang")

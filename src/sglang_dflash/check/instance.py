@@ -6,6 +6,8 @@ flags given on the command line win over the config, value by value.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from sglang_dflash.check.live import Expectations, expectations_from
 from sglang_dflash.config import InstanceConfig
 from sglang_dflash.hosts import local_url
@@ -31,4 +33,5 @@ def merged_expectations(cfg: InstanceConfig | None, algorithm: str | None,
         draft_model = cfg.draft_model
     if ddtree_budget is None and algo == "ddtree" and cfg.algorithm == "ddtree":
         ddtree_budget = cfg.ddtree.budget
-    return expectations_from(algo, draft_model, ddtree_budget)
+    exp = expectations_from(algo, draft_model, ddtree_budget)
+    return replace(exp, metrics=True) if cfg.metrics_enable else exp

@@ -28,6 +28,7 @@ class Expectations:
     algorithm: str | None = None  # none | dflash | ddtree
     draft_model: str | None = None
     ddtree_budget: int | None = None
+    metrics: bool | None = None  # /metrics must answer (the config enables metrics)
 
 
 def expectations_from(algorithm: str | None = None, draft_model: str | None = None,
@@ -144,6 +145,29 @@ def evaluate_server_info(info: dict, exp: Expectations) -> list[Result]:
     return out
 
 
+def evaluate_metrics(status: int | None, body: object, expected: bool | None) -> Result:
+    """Pure: GET /metrics answered SGLang's Prometheus text (metrics.enable/--enable-metrics).
+
+    Expected (the config enables metrics): anything but 200 with sglang: series is a FAIL.
+    Not expected: a 200 is reported, anything else is a SKIP naming how to turn it on.
+    """
+    text = body if isinstance(body, str) else ""
+    series = [ln for ln in text.splitlines() if ln.startswith("sglang:")]
+    if status == 200 and series:
+        found = f"GET /metrics 200: {len(series)} sglang: series"
+        accept = [ln for ln in series if ln.startswith("sglang:spec_accept_length")]
+        if accept:
+            found += f", spec_accept_length {accept[0].rsplit(' ', 1)[-1]}"
+        return passed(LAYER, "metrics", found)
+    what = (f"GET /metrics answered {status}" if status != 200
+            else "GET /metrics answered 200 without sglang: series")
+    if expected:
+        return failed(LAYER, "metrics", f"{what}, but the config enables metrics",
+                      "the server runs without --enable-metrics; restart it from this config")
+    return skipped(LAYER, "metrics", f"{what}: metrics not enabled (metrics.enable = true "
+                   "renders --enable-metrics)")
+
+
 def evaluate_generation(status: int, body: object, speculative: bool) -> list[Result]:
     """Pure: the /generate answer has 8 tokens and, when speculating, acceptance stats."""
     if status != 200 or not isinstance(body, dict):
@@ -203,6 +227,8 @@ def run_layer(url: str | None, exp: Expectations, timeout: float, api_key: str |
             "sampling_params": {"temperature": 0, "max_new_tokens": NEW_TOKENS,
                                 "ignore_eos": True}})
         out += evaluate_generation(status, body, speculative)
+        status, body = client.request("GET", "/metrics")
+        out.append(evaluate_metrics(status, body, exp.metrics))
     except (OSError, TimeoutError) as exc:
         out.append(failed(LAYER, "request", transport_error(exc, base, timeout),
                           "the server stopped answering; read its log"))

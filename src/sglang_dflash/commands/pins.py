@@ -1,4 +1,4 @@
-"""`sglang-dflash pins`: print the pins (`show`) or rewrite pyproject's gpu extra (`sync`).
+"""`sglang-dflash pins`: print the pins (`show`) or rewrite pyproject's gpu and router extras (`sync`).
 
 Reading and rendering the pins is `sglang_dflash.pins`; this module reads the flags.
 """
@@ -17,7 +17,7 @@ from sglang_dflash.pins import load_pins, sync_pyproject
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "action", nargs="?", default="show", choices=["show", "sync"],
-        help="show: print the pins as JSON; sync: rewrite pyproject's gpu extra",
+        help="show: print the pins as JSON; sync: rewrite pyproject's gpu and router extras",
     )
     parser.add_argument("--pyproject", type=Path, default=Path("pyproject.toml"),
                         help="pyproject.toml to sync (default: ./pyproject.toml)")

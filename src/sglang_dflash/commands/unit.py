@@ -15,6 +15,7 @@ from pathlib import Path
 from sglang_dflash.config import ConfigError, load_config
 from sglang_dflash.errors import UserError
 from sglang_dflash.unit import (
+    ACCOUNT_RE,
     DEFAULT_DRIVER_LIB,
     NIX_PROFILE_PATH,
     UnitOptions,
@@ -39,9 +40,54 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--user", help="static user (default: DynamicUser)")
     parser.add_argument("--group", help="static group (default: the user's name)")
     parser.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    parser.add_argument("--router", action="store_true",
+                        help="--config is a router config: render the router's unit "
+                        "(sglang-dflash-router-<name>.service; docs/router.md)")
+
+
+def _write(text: str, output: str | None) -> None:
+    if output:
+        try:
+            Path(output).write_text(text, encoding="utf-8")
+        except OSError as e:
+            raise UserError(f"--output: cannot write {output}: {e.strerror or e}") from None
+    else:
+        sys.stdout.write(text)
+
+
+def _check_paths(args: argparse.Namespace, flags: tuple[str, ...]) -> None:
+    for flag in flags:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value is not None and not value.startswith("/"):
+            raise UserError(f"{flag}: must be an absolute path, got {value!r}")
+    if args.group and not args.user:
+        raise UserError("--group needs --user (DynamicUser picks both)")
+
+
+def run_router(args: argparse.Namespace) -> int:
+    """`unit --router --config FILE`: the router's unit, same options and checks."""
+    from sglang_dflash import router
+
+    try:
+        cfg = router.load_router_config(args.config)
+        workers = router.resolve_workers(cfg)
+    except ConfigError as e:
+        raise UserError(f"invalid config: {e}") from None
+    if args.package_path is None:
+        args.package_path = default_package_path()
+    _check_paths(args, ("--package-path", "--environment-file"))
+    for name, value in (("--user", args.user), ("--group", args.group)):
+        if value is not None and not ACCOUNT_RE.match(value):
+            raise UserError(f"{name}: {value!r} is not a user/group name or numeric id")
+    opts = UnitOptions(args.package_path, args.driver_lib_dir, args.environment_file,
+                       args.user, args.group)
+    _write(router.render_unit(cfg, workers, os.path.abspath(args.config), opts), args.output)
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.router:
+        return run_router(args)
     try:
         cfg = load_config(args.config)
     except ConfigError as e:
@@ -50,13 +96,7 @@ def run(args: argparse.Namespace) -> int:
         args.package_path = default_package_path()
         print(f"sglang-dflash unit: note: the unit runs {args.package_path}/bin/sglang-dflash "
               "(this command's environment; --package-path names another)", file=sys.stderr)
-    for flag, value in (("--package-path", args.package_path),
-                        ("--driver-lib-dir", args.driver_lib_dir),
-                        ("--environment-file", args.environment_file)):
-        if value is not None and not value.startswith("/"):
-            raise UserError(f"{flag}: must be an absolute path, got {value!r}")
-    if args.group and not args.user:
-        raise UserError("--group needs --user (DynamicUser picks both)")
+    _check_paths(args, ("--package-path", "--driver-lib-dir", "--environment-file"))
     opts = UnitOptions(args.package_path, args.driver_lib_dir, args.environment_file,
                        args.user, args.group)
     text = render_unit(cfg, os.path.abspath(args.config), opts)  # UnitError: a UserError
@@ -66,11 +106,5 @@ def run(args: argparse.Namespace) -> int:
     if cfg.api_key_file and not Path(cfg.api_key_file).is_file():
         print(f"sglang-dflash unit: note: apiKeyFile {cfg.api_key_file} does not exist yet; "
               "systemd's LoadCredential= fails the start until it does", file=sys.stderr)
-    if args.output:
-        try:
-            Path(args.output).write_text(text, encoding="utf-8")
-        except OSError as e:
-            raise UserError(f"--output: cannot write {args.output}: {e.strerror or e}") from None
-    else:
-        sys.stdout.write(text)
+    _write(text, args.output)
     return 0

@@ -31,6 +31,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--tp-size", "--tensor-parallel-size", type=int, default=1)
     p.add_argument("--api-key", default=None)
     p.add_argument("--served-model-name", default=None)
+    p.add_argument("--enable-metrics", action="store_true")
     p.add_argument("--config", default=None, help="YAML/JSON file of flag values (api-key only)")
     p.add_argument("--vocab-size", type=int, default=151936, help="stand-in only")
     args, _unknown = p.parse_known_args(argv)  # the real server has hundreds of flags
@@ -84,6 +85,18 @@ class State:
             "version": "0.5.17",
         }
 
+    def metrics(self) -> str:
+        """Prometheus text in the names SGLang 0.5.17's MetricsCollector uses."""
+        labels = f'model_name="{self.args.served_model_name or self.args.model_path}"'
+        lines = ["# TYPE sglang:num_requests_total counter",
+                 f"sglang:num_requests_total{{{labels}}} {self.requests}",
+                 "# TYPE sglang:num_running_reqs gauge",
+                 f"sglang:num_running_reqs{{{labels}}} 0"]
+        if self.speculative:
+            lines += ["# TYPE sglang:spec_accept_length gauge",
+                      f"sglang:spec_accept_length{{{labels}}} {self.accept_length}"]
+        return "\n".join(lines) + "\n"
+
 
 def make_handler(state: State):
     class Handler(BaseHTTPRequestHandler):
@@ -96,6 +109,14 @@ def make_handler(state: State):
             data = b"" if body is None else json.dumps(body).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _send_text(self, code: int, text: str) -> None:
+            data = text.encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
@@ -113,6 +134,8 @@ def make_handler(state: State):
             path = self.path.split("?")[0]
             if path in ("/health", "/health_generate"):
                 self._send(200 if state.ready else 503)
+            elif path == "/metrics" and state.args.enable_metrics:
+                self._send_text(200, state.metrics())
             elif not self._authorized():
                 return
             elif path in ("/server_info", "/get_server_info"):
@@ -219,6 +242,7 @@ def make_handler(state: State):
         def _body(self, ids: list[int], out: list[int], start: float) -> dict:
             meta = {
                 "id": "standin",
+                "standin_port": state.args.port,  # which stand-in answered (router tests)
                 "prompt_tokens": len(ids),
                 "completion_tokens": len(out),
                 "e2e_latency": time.time() - start,

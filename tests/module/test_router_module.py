@@ -1,0 +1,109 @@
+"""services.sglang-dflash.routers and the instances' multiNode/metrics options, evaluated
+with nixpkgs lib (tests/module/eval-router.nix); the JSON the module writes is fed through
+the Python validators and renderers, so Nix and Python agree. SKIPs without nix-instantiate
+or SGLANG_DFLASH_NIXPKGS_LIB (docs/nix.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sglang_dflash.config import parse_config, render_argv
+from sglang_dflash.router import parse_router_config
+from sglang_dflash.router import render_argv as router_argv
+
+EVAL = Path(__file__).with_name("eval-router.nix")
+NIX = shutil.which("nix-instantiate")
+LIB = os.environ.get("SGLANG_DFLASH_NIXPKGS_LIB")
+pytestmark = [pytest.mark.nixlib]
+
+A = '{ model = "m"; algorithm = "none"; port = 31001; gpus = [ 0 ]; metrics.enable = true; }'
+B = ('{ model = "m"; algorithm = "none"; port = 31002; gpus = [ 1 2 ]; openFirewall = true; '
+     'multiNode = { nnodes = 2; nodeRank = 0; distInitAddr = "10.0.0.1:20000"; }; }')
+
+
+def evaluate(instances: str, routers: str) -> dict:
+    if NIX is None:
+        pytest.skip("nix-instantiate is not installed")
+    if not LIB or not (Path(LIB) / "lib" / "default.nix").is_file():
+        pytest.skip("SGLANG_DFLASH_NIXPKGS_LIB is not set to a nixpkgs.lib checkout")
+    conf = (f"{{ services.sglang-dflash.instances = {instances}; "
+            f"services.sglang-dflash.routers = {routers}; }}")
+    r = subprocess.run([NIX, "--eval", "--strict", "--json", str(EVAL), "--arg", "lib",
+                        f"import {LIB}/lib", "--arg", "configuration", conf],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)
+
+
+def router_json(unit: dict) -> dict:
+    m = re.search(r"--config ROUTER<(.*)>$", unit["serviceConfig"]["ExecStart"], re.S)
+    assert m, unit["serviceConfig"]["ExecStart"]
+    return json.loads(m.group(1))
+
+
+def test_router_unit_config_and_instances_agree_with_python():
+    out = evaluate(f"{{ a = {A}; b = {B}; }}",
+                   '{ front = { workers = [ "a" "b" "http://10.0.0.9:30000" ]; '
+                   'policy = "round_robin"; port = 8000; openFirewall = true; '
+                   'healthCheck.intervalSecs = 5; apiKeyFile = "/run/keys/r"; }; }')
+    assert out["failedAssertions"] == []
+    unit = out["services"]["sglang-dflash-router-front"]
+    assert unit["after"] == ["network-online.target", "sglang-dflash-a.service",
+                             "sglang-dflash-b.service"]
+    sc = unit["serviceConfig"]
+    assert sc["Type"] == "notify" and sc["PrivateDevices"] is True and sc["DeviceAllow"] == []
+    assert sc["LoadCredential"] == "api-key:/run/keys/r"
+    raw = router_json(unit)
+    workers = raw["workers"]
+    assert workers[2] == "http://10.0.0.9:30000"
+    inst = [parse_config(json.loads(w[len("INSTANCE<"):-1])) for w in workers[:2]]
+    assert [i.name for i in inst] == ["a", "b"]
+    assert "--enable-metrics" in render_argv(inst[0])
+    argv_b = render_argv(inst[1])
+    assert argv_b[argv_b.index("--nnodes") + 1] == "2"
+    assert argv_b[argv_b.index("--tp-size") + 1] == "4"  # default: 2 GPUs x 2 nodes
+    cfg = parse_router_config({**raw, "workers": ["http://127.0.0.1:31001",
+                                                  "http://127.0.0.1:31002", workers[2]]})
+    argv = router_argv(cfg, list(cfg.workers))
+    assert argv[argv.index("--policy") + 1] == "round_robin"
+    assert argv[argv.index("--health-check-interval-secs") + 1] == "5"
+    assert argv[argv.index("--prometheus-host") + 1] == "127.0.0.1"
+    # router port, instance b's port, and rank 0's dist-init port (openFirewall)
+    assert sorted(out["firewall"]) == [8000, 20000, 31002]
+
+
+@pytest.mark.parametrize(
+    ("instances", "routers", "fragment"),
+    [
+        (f"{{ a = {A}; }}", '{ r = { workers = [ "nope" ]; }; }',
+         'workers: "nope" is neither an enabled instance'),
+        ("{ b = " + B.replace("nodeRank = 0", "nodeRank = 1") + "; }",
+         '{ r = { workers = [ "b" ]; }; }', 'instance "b" is node rank 1'),
+        (f"{{ a = {A}; }}", '{ r = { workers = [ "a" ]; port = 31001; }; }',
+         "port 31001 is used by instance \"a\", router \"r\""),
+        (f"{{ a = {A}; }}", '{ r = { workers = [ "a" ]; metrics.port = 31001; }; }',
+         "port 31001 is used by"),
+        ("{ a = " + A.replace("metrics.enable = true;", 'apiKeyFile = "/run/k";') + "; }",
+         '{ r = { workers = [ "a" ]; }; }', 'worker instance "a" requires an API key'),
+        (f"{{ a = {A}; }}", '{ r = { workers = [ "a" ]; extraArgs = [ "--api-key" "x" ]; }; }',
+         "a key on smg's command line"),
+        ("{ b = " + B.replace("nodeRank = 0", "nodeRank = 2") + "; }", "{ }",
+         "multiNode.nodeRank = 2 must be below nnodes = 2"),
+        ("{ b = " + B.replace('"10.0.0.1:20000"', '"10.0.0.1"') + "; }", "{ }",
+         'distInitAddr = "10.0.0.1" is not host:port'),
+        ("{ b = " + B.replace("gpus = [ 1 2 ];", "gpus = [ 1 2 ]; tensorParallelSize = 2;")
+         + "; }", "{ }", "does not match the 2 GPU(s)"),
+        ("{ b = " + B.replace("gpus = [ 1 2 ];", "gpus = [ ]; tensorParallelSize = 3;")
+         + "; }", "{ }", "tensorParallelSize = 3 is not divisible by nnodes = 2"),
+    ],
+)
+def test_assertions_name_the_option(instances, routers, fragment):
+    out = evaluate(instances, routers)
+    assert any(fragment in m for m in out["failedAssertions"]), out["failedAssertions"]
