@@ -1,4 +1,5 @@
-"""`sglang-dflash pins`: print the pins (`show`) or rewrite pyproject's gpu and router extras (`sync`).
+"""`sglang-dflash pins`: print the pins (`show`) or rewrite pyproject's gpu and router extras
+(`sync`).
 
 Reading and rendering the pins is `sglang_dflash.pins`; this module reads the flags.
 """
