@@ -129,6 +129,17 @@ def test_input_tree_narhash_is_flake_locks(harness, tree):
     assert got == LOCK[TREES[tree]]["locked"]["narHash"]
 
 
+def test_nixpkgs_lib_tree_is_the_pinned_one(harness):
+    """The nixpkgs the harness evaluates: its lib/ is the pinned nixpkgs.lib tree's, and that
+    pin names flake.lock's nixpkgs (tests/nix/nixpkgs-lib.lock.json; docs/nix.md)."""
+    out, _ = harness
+    pin = json.loads((REPO / "tests/nix/nixpkgs-lib.lock.json").read_text())
+    assert pin["nixpkgs"]["rev"] == LOCK["nixpkgs"]["locked"]["rev"]
+    assert pin["nixpkgs"]["narHash"] == LOCK["nixpkgs"]["locked"]["narHash"]
+    assert (out / "hash-nixpkgs-lib.out").read_text().strip() == pin["tree"]["narHash"]
+    assert (out / "hash-nixpkgs-lib-dir.out").read_text().strip() == pin["tree"]["libNarHash"]
+
+
 def _defective_tree(dst: Path) -> Path:
     """This checkout with the three defects of issue #13 put back: checks and apps from
     pkgs.callPackage (which adds override/overrideDerivation to the sets), and a

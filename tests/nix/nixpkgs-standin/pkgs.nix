@@ -369,6 +369,11 @@ in
   };
   curl = standin "curl";
   tbb = standin "tbb";
+  # pkgs/by-name/rd/rdma-core/package.nix, pkgs/by-name/uc/ucx/package.nix
+  rdma-core = standin "rdma-core";
+  ucx = standin "ucx";
+  # pkgs/development/libraries/zlib/default.nix
+  zlib = standin "zlib";
   # pkgs/top-level/python-packages.nix: build-system-pkgs' overlay.nix borrows these setup
   # hooks from nixpkgs' Python packages.
   python3Packages = lib.genAttrs [
