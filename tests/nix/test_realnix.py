@@ -25,6 +25,7 @@ RUN = REPO / "tests/nix/realnix/run.sh"
 VARS = ("SGLANG_DFLASH_NIXPKGS_LIB", "SGLANG_DFLASH_UV2NIX", "SGLANG_DFLASH_PYPROJECT_NIX",
         "SGLANG_DFLASH_BUILD_SYSTEM_PKGS")
 LOCK = json.loads((REPO / "flake.lock").read_text())["nodes"]
+LIMITS = json.loads((REPO / "src/sglang_dflash/limits.json").read_text())
 TREES = {"uv2nix": "uv2nix", "pyproject-nix": "pyproject-nix",
          "build-system-pkgs": "pyproject-build-systems"}
 
@@ -204,6 +205,13 @@ def test_two_instances_render_both_units(harness):
                       '`one of "dflash", "ddtree", "none"\''),
     ("misspelt-option", "The option `services.sglang-dflash.instances.small.draftModle' does "
                         "not exist."),
+    ("gpu-twice", "Failed assertions:\n- services.sglang-dflash: GPU 0 is listed 2 times in "
+                  "instances.small.gpus; a GPU belongs to one instance, once."),
+    ("bad-budget", "A definition for option `services.sglang-dflash.instances.tree.ddtree.budget' "
+                   "is not of type `integer between 1 and 1023 (both inclusive)'"),
+    # the name's type is limits.json's instanceName, the pattern sglang_dflash.config checks
+    ("bad-name", "services.sglang-dflash.instances.\"a b\".name' is not of type `string "
+                 f"matching the pattern {LIMITS['instanceName']}'"),
 ])
 def test_bad_configurations_fail_with_nixos_messages(harness, case, message):
     out, _ = harness
