@@ -25,6 +25,20 @@ let
     options = {
       enable = mkEnableOption "this SGLang DFlash/DDTree instance" // { default = true; };
 
+      name = mkOption {
+        # The pattern is limits.json's instanceName, the one sglang_dflash.config checks.
+        type = types.strMatching limits.instanceName;
+        default = name;
+        readOnly = true;
+        defaultText = literalExpression "<the attribute name>";
+        description = ''
+          The instance name (its attribute name under instances). It names the unit
+          sglang-dflash-<name>.service, its DynamicUser and its state, cache and runtime
+          directories, so it must match the instanceName pattern of
+          src/sglang_dflash/limits.json (the project's validator checks the same pattern).
+        '';
+      };
+
       package = mkOption {
         type = types.package;
         default = cfg.package;
@@ -252,7 +266,7 @@ let
     };
 
     config.finalConfig = {
-      inherit name;
+      inherit (config) name;
       inherit (config) model modelRevision draftModel draftModelRevision algorithm blockSize
         host port gpus tensorParallelSize memFractionStatic attentionBackend
         draftAttentionBackend contextLength maxRunningRequests servedModelName apiKeyFile
@@ -260,7 +274,7 @@ let
         skipTokenizerInit multiNode;
       metrics = { inherit (config.metrics) enable; };
       ddtree = { inherit (config.ddtree) budget; };
-      cacheDir = "/var/cache/sglang-dflash-${name}";
+      cacheDir = "/var/cache/sglang-dflash-${config.name}";
     };
   };
 
@@ -284,13 +298,20 @@ let
     })
     pairs;
 
+  # A GPU belongs to one instance, once: counted with multiplicity over every instance's
+  # gpus, so the same index twice in one list fails the same assertion.
   allGpus = lib.unique (lib.concatMap (n: enabled.${n}.gpus) names);
   gpuAssertions = map
     (g:
-      let users = lib.filter (n: lib.elem g enabled.${n}.gpus) names; in {
-        assertion = builtins.length users < 2;
-        message = "services.sglang-dflash: GPU ${toString g} is used by instances "
-          + "${lib.concatMapStringsSep ", " (n: "\"${n}\"") users}; a GPU belongs to one instance.";
+      let
+        uses = lib.concatMap (n: map (_: n) (lib.filter (x: x == g) enabled.${n}.gpus)) names;
+        users = lib.unique uses;
+      in {
+        assertion = builtins.length uses < 2;
+        message = "services.sglang-dflash: GPU ${toString g} "
+          + (if builtins.length users > 1
+             then "is used by instances ${lib.concatMapStringsSep ", " (n: "\"${n}\"") users}; a GPU belongs to one instance."
+             else "is listed ${toString (builtins.length uses)} times in instances.${lib.head users}.gpus; a GPU belongs to one instance, once.");
       })
     allGpus;
 
@@ -309,17 +330,9 @@ let
   instanceAssertions = name: i:
     let p = "services.sglang-dflash.instances.${name}"; in [
       {
-        assertion = builtins.match limits.instanceName name != null;
-        message = "${p}: the instance name must match ${limits.instanceName} (it names a unit).";
-      }
-      {
         assertion = i.gpus == [ ] || i.tensorParallelSize == builtins.length i.gpus * nnodesOf i;
         message = "${p}.tensorParallelSize = ${toString i.tensorParallelSize} does not match "
           + "the ${toString (builtins.length i.gpus)} GPU(s) in gpus = [ ${lib.concatMapStringsSep " " toString i.gpus} ].";
-      }
-      {
-        assertion = lib.length i.gpus == lib.length (lib.unique i.gpus);
-        message = "${p}.gpus lists a GPU index twice.";
       }
       {
         assertion = i.algorithm == "none" || i.draftModel != null;
@@ -466,7 +479,9 @@ in
   };
 
   config = lib.mkIf (enabled != { }) {
-    assertions = socketAssertions ++ gpuAssertions
+    # Instance names are checked by the `name` option's type (limits.json's pattern), forced
+    # here so a bad name fails evaluation even where no unit is built.
+    assertions = lib.deepSeq (map (i: i.name) (lib.attrValues enabled)) socketAssertions ++ gpuAssertions
       ++ lib.concatLists (lib.mapAttrsToList instanceAssertions enabled)
       ++ lib.concatLists (lib.mapAttrsToList multiNodeAssertions enabled);
 

@@ -73,9 +73,12 @@ let
     });
 
   nativeFixup =
-    _final: prev: name: spec:
+    final: prev: name: spec:
     prev.${name}.overrideAttrs (old: {
-      buildInputs = (old.buildInputs or [ ]) ++ map (a: pkgs.${a}) spec.pkgs;
+      buildInputs =
+        (old.buildInputs or [ ])
+        ++ map (a: pkgs.${a}) (spec.pkgs or [ ])
+        ++ lib.optional (spec.python or false) final.python;
     });
 
   collisionFixup =

@@ -46,7 +46,8 @@
     };
     torch-memory-saver = {
       extraDeps = [ "torch" ];
-      reason = "preload library links the CUDA runtime and is LD_PRELOADed by SGLang's memory saver";
+      ignoreMissing = [ "libcudart.so.12" ];
+      reason = "preload library links the CUDA runtime and is LD_PRELOADed by SGLang's memory saver; the wheel ships a CUDA 12 and a CUDA 13 build of each hook (plus unsuffixed copies of the CUDA 12 ones for ROCm/XPU) and torch_memory_saver/utils.py picks `<hook>_cu<torch.version.cuda major>`: with the locked CUDA 13 torch only the _cu13 builds load, whose libcudart.so.13 nvidia-cuda-runtime provides; the CUDA 12 builds' libcudart.so.12 is never needed";
     };
     torch-c-dlpack-ext.reason = "links libtorch (dependency closure) and the CUDA runtime";
     sglang-kernel = {
@@ -99,11 +100,54 @@
     nvidia-nvjitlink.reason = "nvJitLink is loaded by cuSPARSE/cuFFT/cuSOLVER and torch";
   };
 
-  # Native libraries from nixpkgs that a wheel expects on the system.
+  # Native libraries from nixpkgs that a wheel expects on the system: `pkgs` (nixpkgs
+  # attribute names) go into the wheel's buildInputs, where autoPatchelf finds `sonames`;
+  # `python = true` adds the Python set's interpreter (its libpython<pin>.so.1.0).
+  # tests/nix/test_linkage.py checks every DT_NEEDED of the locked wheels against this.
   native = {
     numba = {
       pkgs = [ "tbb" ];
-      reason = "numba's parallel backend links libtbb (uv2nix docs, overriding wheels)";
+      sonames = [ "libtbb.so.12" ];
+      reason = "numba's parallel backend (numba/np/ufunc/tbbpool) links libtbb (uv2nix docs, overriding wheels)";
+    };
+    # libz.so.1 is not in PEP 599's manylinux2014 library list (nixpkgs' manylinux2014 set
+    # could not be read at the locked revision here), yet these wheels link it unbundled.
+    numpy = {
+      pkgs = [ "zlib" ];
+      sonames = [ "libz.so.1" ];
+      reason = "numpy.libs/libgfortran-*.so.5 (bundled by auditwheel) links it unbundled (libz.so.1, from nixpkgs' zlib)";
+    };
+    pillow = {
+      pkgs = [ "zlib" ];
+      sonames = [ "libz.so.1" ];
+      reason = "PIL/_imaging and the bundled libpng16/libtiff/libfreetype link it unbundled (libz.so.1, from nixpkgs' zlib)";
+    };
+    llvmlite = {
+      pkgs = [ "zlib" ];
+      sonames = [ "libz.so.1" ];
+      reason = "llvmlite/binding/libllvmlite.so links it unbundled (libz.so.1, from nixpkgs' zlib)";
+    };
+    nvidia-cudnn-cu13 = {
+      pkgs = [ "zlib" ];
+      sonames = [ "libz.so.1" ];
+      reason = "libcudnn_{adv,cnn,engines_*,graph,heuristic,ops}.so.9 link it unbundled (libz.so.1, from nixpkgs' zlib)";
+    };
+    torchcodec = {
+      python = true;
+      reason = "its custom-op libraries (torchcodec/libtorchcodec_custom_ops<N>.so) link libpython; wheels for a CPython with a shared libpython expect it on the system";
+    };
+    nvidia-cufile = {
+      pkgs = [ "rdma-core" ];
+      sonames = [ "librdmacm.so.1" ];
+      reason = "libcufile_rdma.so.1 (GPUDirect Storage over RDMA, loaded by libcufile when RDMA is configured) links librdmacm from rdma-core";
+    };
+    nvidia-nvshmem-cu13 = {
+      pkgs = [ "ucx" ];
+      sonames = [
+        "libucp.so.0"
+        "libucs.so.0"
+      ];
+      reason = "NVSHMEM's UCX transport plugin (nvidia/nvshmem/lib/nvshmem_transport_ucx.so.3, chosen with NVSHMEM_REMOTE_TRANSPORT=ucx) links UCX's libucp/libucs";
     };
   };
 

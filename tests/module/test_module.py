@@ -235,10 +235,6 @@ ASSERTIONS = {
         '{ a = { model = "m"; draftModel = "/home/me/d"; algorithm = "dflash"; }; }',
         "the unit's PrivateTmp/ProtectHome hide them",
     ),
-    "bad-name": (
-        '{ "a b" = { model = "m"; algorithm = "none"; }; }',
-        "the instance name must match",
-    ),
 }
 
 
@@ -262,6 +258,26 @@ def test_budget_range_is_the_option_type_and_the_validators(budget):
     with pytest.raises(ConfigError, match=r"ddtree\.budget"):
         parse_config({"name": "a", "model": "m", "draftModel": "d", "algorithm": "ddtree",
                          "ddtree": {"budget": budget}})
+
+
+def test_instance_name_is_typed_by_the_validators_pattern():
+    """The instance name's option type is limits.json's instanceName, the pattern
+    sglang_dflash.config checks: NixOS refuses what the validator would refuse."""
+    from sglang_dflash.config import NAME_RE
+
+    err = eval_error('{ "a b" = { model = "m"; algorithm = "none"; }; }')
+    assert ("instances.\"a b\".name' is not of type `string matching the pattern "
+            f"{NAME_RE.pattern[1:-1]}'") in err
+    assert not NAME_RE.match("a b")
+    out = evaluate('{ "q-1.b_2" = { model = "m"; algorithm = "none"; }; }')
+    assert out["failedAssertions"] == [] and NAME_RE.match("q-1.b_2")
+
+
+def test_gpu_listed_twice_in_one_instance():
+    failed = evaluate('{ a = { model = "m"; algorithm = "none"; gpus = [ 2 2 ]; }; }')[
+        "failedAssertions"]
+    assert failed == ["services.sglang-dflash: GPU 2 is listed 2 times in instances.a.gpus; "
+                      "a GPU belongs to one instance, once."]
 
 
 def test_wrong_option_type_fails_evaluation():

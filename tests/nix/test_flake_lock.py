@@ -55,3 +55,25 @@ def test_narhash_matches_checkout(node, dep):
     path = require_dep(dep)
     assert nar_hash_sri(path) == NODES[node]["locked"]["narHash"], (
         f"{path} is not an export of {NODES[node]['locked']['rev']}")
+
+
+LIB_PIN = json.loads((REPO / "tests/nix/nixpkgs-lib.lock.json").read_text())
+
+
+def test_nixpkgs_lib_pin_names_flake_locks_nixpkgs():
+    """The lib tree the harness evaluates is pinned against the nixpkgs flake.lock locks: a
+    re-lock of nixpkgs that leaves tests/nix/nixpkgs-lib.lock.json behind fails here."""
+    locked = NODES["nixpkgs"]["locked"]
+    assert LIB_PIN["nixpkgs"] == {k: locked[k] for k in ("rev", "narHash", "lastModified")}
+    # the exported tree predates the locked nixpkgs (a weekly sync of master, then the rev)
+    assert LIB_PIN["tree"]["upstreamLibCommitTime"] <= LIB_PIN["tree"]["lastModified"] \
+        <= LIB_PIN["nixpkgs"]["lastModified"]
+
+
+@pytest.mark.slow
+def test_nixpkgs_lib_checkout_is_the_pinned_tree():
+    """SGLANG_DFLASH_NIXPKGS_LIB must be `git archive` of the pinned nixpkgs.lib rev."""
+    path = require_dep("nixpkgs-lib")
+    assert nar_hash_sri(path) == LIB_PIN["tree"]["narHash"], (
+        f"{path} is not an export of nixpkgs.lib {LIB_PIN['tree']['rev']}")
+    assert nar_hash_sri(path / "lib") == LIB_PIN["tree"]["libNarHash"]

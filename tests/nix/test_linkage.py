@@ -2,16 +2,18 @@
 every DT_NEEDED of every ELF file in the sglang-dflash[gpu] closure's wheels is satisfied by
 the set itself (a DT_SONAME or file name in some wheel), by a library the fixup table
 declares (pkgs/sglang-dflash/gpu-wheels.nix: `native.<pkg>.sonames`, `ignoreMissing`), by
-the NVIDIA driver (`driverLibs`, /run/opengl-driver/lib) or by the C toolchain stdenv
-brings (glibc, libstdc++, libgcc_s). Each unsatisfied soname is named with its file.
+the NVIDIA driver (`driverLibs`, /run/opengl-driver/lib) or by
+the manylinux libraries uv2nix gives every manylinux wheel (glibc, gcc's runtime).
+Each unsatisfied soname is named with its file.
 
-The wheels are those the staging job caches (~/.cache/sglang-dflash/wheels, or
-SGLANG_DFLASH_WHEELS); the test SKIPs, counting what is missing, until the set is complete."""
+The wheels are cached in ~/.cache/sglang-dflash/wheels (or SGLANG_DFLASH_WHEELS; the cache
+scripts/gpu_stage.py fills); `python3 -m tests.nix.wheelcache` downloads the missing ones,
+sha256-checked against uv.lock (.ci/run does). The test SKIPs, counting what is missing,
+until the set is complete."""
 
 from __future__ import annotations
 
 import fnmatch
-import os
 import struct
 import zipfile
 from pathlib import Path
@@ -19,16 +21,25 @@ from pathlib import Path
 import pytest
 
 from sglang_dflash.pins import load_pins
-from tests.nix.lockfile import Lock
+from tests.nix import wheelcache
 from tests.nix.nixtools import REPO, nix_eval, nix_literal
 
 PINS = load_pins()
-WHEELS = Path(os.environ.get("SGLANG_DFLASH_WHEELS",
-                             Path.home() / ".cache/sglang-dflash/wheels"))
-# What stdenv's C toolchain provides to autoPatchelf (glibc 2.40, gcc's runtime).
-TOOLCHAIN = {"libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1",
-             "libutil.so.1", "ld-linux-x86-64.so.2", "libstdc++.so.6", "libgcc_s.so.1",
-             "libanl.so.1", "libresolv.so.2", "libatomic.so.1", "libgomp.so.1", "libz.so.1"}
+# What reaches autoPatchelf without a fixup. uv2nix (lib/build.nix) puts
+# `pythonManylinuxPackages.manylinux2014` into every manylinux wheel's buildInputs (nixpkgs
+# pkgs/development/interpreters/python/manylinux/default.nix: glibc, the lib output of
+# stdenv.cc.cc, …), and autoPatchelf searches the whole lib/ of each buildInput; so a
+# soname is satisfied when it is a file of one of those lib/ directories. soname -> provider:
+MANYLINUX = {
+    **dict.fromkeys(["libc.so.6", "libm.so.6", "libmvec.so.1", "libdl.so.2", "libpthread.so.0",
+                     "librt.so.1", "libutil.so.1", "ld-linux-x86-64.so.2", "libanl.so.1",
+                     "libresolv.so.2"], "glibc (lib/)"),
+    **dict.fromkeys(["libstdc++.so.6", "libgcc_s.so.1", "libatomic.so.1", "libgomp.so.1",
+                     "libgomp.so.1.0.0"], "stdenv.cc.cc lib output (gcc's lib/)"),
+}
+# (zlib is declared per wheel in the table: nixpkgs' list could not be read at the locked rev.)
+# (libgomp.so.1.0.0: numba's omppool names the real file, not the libgomp.so.1 link; both are
+# in gcc's lib/.)
 
 
 def elf_dynamic(data: bytes) -> tuple[list[str], str | None] | None:
@@ -66,16 +77,13 @@ def elf_dynamic(data: bytes) -> tuple[list[str], str | None] | None:
 
 
 def wheel_set() -> list[Path]:
-    lock = Lock(REPO / "uv.lock", PINS.python_package, f"{PINS.python_package}.0")
-    ranks = lock.supported_tags(40)
-    want = [lock.best_wheel(p, ranks) for p in lock.closure("sglang-dflash", ["gpu"]).values()
-            if p.get("source", {}).get("registry")]
-    names = [a.url.rsplit("/", 1)[1] for a in want if a is not None]
-    missing = [n for n in names if not (WHEELS / n).is_file()]
+    cache = wheelcache.cache_dir()
+    names = [wheelcache.filename(a) for a in wheelcache.locked_wheels()]
+    missing = [n for n in names if not (cache / n).is_file()]
     if missing:
-        pytest.skip(f"{len(missing)} of {len(names)} locked wheels are not cached in {WHEELS} "
-                    f"(e.g. {missing[0]}); the staging job downloads them")
-    return [WHEELS / n for n in names]
+        pytest.skip(f"{len(missing)} of {len(names)} locked wheels are not cached in {cache} "
+                    f"(e.g. {missing[0]}); `python3 -m tests.nix.wheelcache` downloads them")
+    return [cache / n for n in names]
 
 
 def test_elf_reader_on_a_system_library():
@@ -88,6 +96,8 @@ def test_every_needed_library_is_satisfied():
     declared = set(table["driverLibs"])
     for entry in table["native"].values():
         declared |= set(entry.get("sonames", []))
+        if entry.get("python"):  # the interpreter's shared library (fixups.nix: final.python)
+            declared.add(f"libpython{PINS.python_package}.so.1.0")
     globs = [g for e in table["gpu"].values() for g in e.get("ignoreMissing", [])]
     provided: set[str] = set()
     needs: list[tuple[str, str, str]] = []
@@ -106,6 +116,6 @@ def test_every_needed_library_is_satisfied():
                 needs += [(whl.name, info.filename, n) for n in dyn[0]]
     unsatisfied = sorted(
         f"{soname} (needed by {member} in {wheel})" for wheel, member, soname in needs
-        if soname not in provided and soname not in declared and soname not in TOOLCHAIN
+        if soname not in provided and soname not in declared and soname not in MANYLINUX
         and not any(fnmatch.fnmatch(soname, g) for g in globs))
     assert not unsatisfied, f"{len(unsatisfied)} unsatisfied:\n" + "\n".join(unsatisfied)

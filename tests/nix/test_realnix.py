@@ -25,6 +25,7 @@ RUN = REPO / "tests/nix/realnix/run.sh"
 VARS = ("SGLANG_DFLASH_NIXPKGS_LIB", "SGLANG_DFLASH_UV2NIX", "SGLANG_DFLASH_PYPROJECT_NIX",
         "SGLANG_DFLASH_BUILD_SYSTEM_PKGS")
 LOCK = json.loads((REPO / "flake.lock").read_text())["nodes"]
+LIMITS = json.loads((REPO / "src/sglang_dflash/limits.json").read_text())
 TREES = {"uv2nix": "uv2nix", "pyproject-nix": "pyproject-nix",
          "build-system-pkgs": "pyproject-build-systems"}
 
@@ -129,6 +130,17 @@ def test_input_tree_narhash_is_flake_locks(harness, tree):
     assert got == LOCK[TREES[tree]]["locked"]["narHash"]
 
 
+def test_nixpkgs_lib_tree_is_the_pinned_one(harness):
+    """The nixpkgs the harness evaluates: its lib/ is the pinned nixpkgs.lib tree's, and that
+    pin names flake.lock's nixpkgs (tests/nix/nixpkgs-lib.lock.json; docs/nix.md)."""
+    out, _ = harness
+    pin = json.loads((REPO / "tests/nix/nixpkgs-lib.lock.json").read_text())
+    assert pin["nixpkgs"]["rev"] == LOCK["nixpkgs"]["locked"]["rev"]
+    assert pin["nixpkgs"]["narHash"] == LOCK["nixpkgs"]["locked"]["narHash"]
+    assert (out / "hash-nixpkgs-lib.out").read_text().strip() == pin["tree"]["narHash"]
+    assert (out / "hash-nixpkgs-lib-dir.out").read_text().strip() == pin["tree"]["libNarHash"]
+
+
 def _defective_tree(dst: Path) -> Path:
     """This checkout with the three defects of issue #13 put back: checks and apps from
     pkgs.callPackage (which adds override/overrideDerivation to the sets), and a
@@ -193,6 +205,13 @@ def test_two_instances_render_both_units(harness):
                       '`one of "dflash", "ddtree", "none"\''),
     ("misspelt-option", "The option `services.sglang-dflash.instances.small.draftModle' does "
                         "not exist."),
+    ("gpu-twice", "Failed assertions:\n- services.sglang-dflash: GPU 0 is listed 2 times in "
+                  "instances.small.gpus; a GPU belongs to one instance, once."),
+    ("bad-budget", "A definition for option `services.sglang-dflash.instances.tree.ddtree.budget' "
+                   "is not of type `integer between 1 and 1023 (both inclusive)'"),
+    # the name's type is limits.json's instanceName, the pattern sglang_dflash.config checks
+    ("bad-name", "services.sglang-dflash.instances.\"a b\".name' is not of type `string "
+                 f"matching the pattern {LIMITS['instanceName']}'"),
 ])
 def test_bad_configurations_fail_with_nixos_messages(harness, case, message):
     out, _ = harness

@@ -42,7 +42,7 @@ def used_attrs() -> set[str]:
         names |= set(a) - EXPLICIT
     # pkgs.${a} for the fixup table's native libraries (pkgs/sglang-dflash/fixups.nix)
     table = REPO / "pkgs/sglang-dflash/gpu-wheels.nix"
-    names |= set(nix_eval(f"builtins.concatLists (map (e: e.pkgs) (builtins.attrValues "
+    names |= set(nix_eval(f"builtins.concatLists (map (e: e.pkgs or [ ]) (builtins.attrValues "
                           f"(import {nix_literal(table)}).native))"))
     pins = load_pins()
     names |= {"python" + pins.python_package.replace(".", ""),

@@ -154,7 +154,8 @@ let
       destination = "/bin/${name}";
       meta.mainProgram = name;
     };
-  # pkgs/build-support/writers/... writeShellApplication (trivial-builders)
+  # pkgs/build-support/trivial-builders/default.nix writeShellApplication (the real one also
+  # sets errexit/nounset/pipefail and runs shellcheck; thin here)
   writeShellApplication =
     {
       name,
@@ -184,7 +185,8 @@ let
         buildCommand = "mkdir -p $out; ${args.postBuild or ""}";
       }
     );
-  # pkgs/build-support/setup-hooks/make-setup-hook? -> pkgs/top-level/all-packages.nix makeSetupHook
+  # pkgs/build-support/trivial-builders/default.nix makeSetupHook (the signature without
+  # `deps`; substitutions become attributes of the hook derivation)
   makeSetupHook =
     {
       name ? lib.warn "calling makeSetupHook without passing a name is deprecated." "hook",
@@ -313,7 +315,9 @@ in
   # pkgs/development/interpreters/python/default.nix, at the revision's 3.12 / 3.13
   python312 = mkPython "3.12.13";
   python3 = mkPython "3.13.12";
-  # pkgs/development/interpreters/python/manylinux/default.nix (library lists)
+  # pkgs/development/interpreters/python/manylinux/default.nix (library lists of glibc,
+  # stdenv.cc.cc's lib output, X11/GL/glib; empty here: tests/nix/test_linkage.py models
+  # the sonames they provide)
   pythonManylinuxPackages = {
     manylinux1 = [ ];
     manylinux2010 = [ ];
@@ -328,14 +332,20 @@ in
       cc = standin "gcc-wrapper-14";
     };
   };
-  # pkgs/by-name/ad/addDriverRunpath/package.nix (driverLink = /run/opengl-driver)
-  addDriverRunpath = standin "add-driver-runpath-hook" // {
-    driverLink = "/run/opengl-driver";
-  };
+  # pkgs/by-name/ad/addDriverRunpath/package.nix: makeSetupHook whose substitution
+  # driverLink = "/run/opengl-driver" (x86_64) is an attribute of the hook
+  addDriverRunpath = self.makeSetupHook {
+    name = "add-driver-runpath-hook";
+    substitutions.driverLink = "/run/opengl-driver";
+  } (self.writeText "setup-hook.sh" "");
   # pkgs/by-name/au/autoAddDriverRunpath/package.nix
   autoAddDriverRunpath = standin "auto-add-driver-runpath-hook";
-  # pkgs/build-support/setup-hooks/auto-patchelf.nix (autoPatchelfHook)
-  autoPatchelfHook = standin "auto-patchelf-hook";
+  # makeSetupHook { name = "auto-patchelf-hook"; propagatedBuildInputs = [ auto-patchelf
+  # bintools ]; … } of the script pkgs/build-support/setup-hooks/auto-patchelf.sh, in
+  # pkgs/top-level/all-packages.nix
+  autoPatchelfHook = self.makeSetupHook { name = "auto-patchelf-hook"; } (
+    self.writeText "auto-patchelf.sh" ""
+  );
   # pkgs/build-support/setup-hooks/make-wrapper.sh (makeWrapper)
   makeWrapper = standin "make-wrapper-hook";
   # pkgs/build-support/mkshell/default.nix
@@ -369,6 +379,11 @@ in
   };
   curl = standin "curl";
   tbb = standin "tbb";
+  # pkgs/by-name/rd/rdma-core/package.nix, pkgs/by-name/uc/ucx/package.nix
+  rdma-core = standin "rdma-core";
+  ucx = standin "ucx";
+  # pkgs/development/libraries/zlib/default.nix
+  zlib = standin "zlib";
   # pkgs/top-level/python-packages.nix: build-system-pkgs' overlay.nix borrows these setup
   # hooks from nixpkgs' Python packages.
   python3Packages = lib.genAttrs [

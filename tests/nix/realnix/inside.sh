@@ -36,9 +36,13 @@ step fetches bash -c "nix derivation show -r $(printf '%q ' "${O[@]}") .#sglang-
 for t in uv2nix pyproject-nix build-system-pkgs; do
   step "hash-$t" nix hash path "/h/$t"
 done
+# nixpkgs: the exported nixpkgs.lib tree, and the lib/ the flake evaluates (inside the stand-in)
+step hash-nixpkgs-lib nix hash path /h/nixpkgs.lib
+step hash-nixpkgs-lib-dir nix hash path /h/nixpkgs/lib
 # NixOS-style module evaluations (tests/nix/realnix/module-case.nix); the failing cases are
 # expected to fail: their stderr is the result the pytest wrapper reads.
-for c in two-instances same-port same-gpu bad-port bad-algorithm misspelt-option; do
+for c in two-instances same-port same-gpu gpu-twice bad-port bad-algorithm bad-budget bad-name \
+    misspelt-option; do
   nix-instantiate --eval --strict --json /h/src/tests/nix/realnix/module-case.nix \
     --arg standin /h/nixpkgs --arg src /h/src --argstr case "$c" \
     > "/h/out/module-$c.out" 2> "/h/out/module-$c.err"; echo "module case $c: rc=$?"

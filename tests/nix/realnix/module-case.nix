@@ -21,6 +21,14 @@ let
     bad-port.services.sglang-dflash.instances.small.port = lib.mkForce "abc";
     bad-algorithm.services.sglang-dflash.instances.small.algorithm = lib.mkForce "bogus";
     misspelt-option.services.sglang-dflash.instances.small.draftModle = "x";
+    bad-budget.services.sglang-dflash.instances.tree.ddtree.budget = lib.mkForce 0;
+    gpu-twice.services.sglang-dflash.instances.small.gpus = lib.mkForce [ 0 0 ];
+    bad-name.services.sglang-dflash.instances."a b" = {
+      model = "m";
+      algorithm = "none";
+      gpus = [ 7 ];
+      port = 30007;
+    };
   };
   config =
     (import (standin + "/nixos/eval-config.nix") {

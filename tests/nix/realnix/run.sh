@@ -29,6 +29,7 @@ mv "$h/in" "$h/src"
 mkdir -p "$h/nixpkgs"
 cp -r "$repo/tests/nix/nixpkgs-standin/." "$h/nixpkgs/"
 cp -r "$SGLANG_DFLASH_NIXPKGS_LIB/lib" "$h/nixpkgs/lib"
+cp -r "$SGLANG_DFLASH_NIXPKGS_LIB" "$h/nixpkgs.lib"   # hashed whole (tests/nix/nixpkgs-lib.lock.json)
 cp -r "$SGLANG_DFLASH_UV2NIX" "$h/uv2nix"
 cp -r "$SGLANG_DFLASH_PYPROJECT_NIX" "$h/pyproject-nix"
 cp -r "$SGLANG_DFLASH_BUILD_SYSTEM_PKGS" "$h/build-system-pkgs"
