@@ -88,6 +88,20 @@ let
           Only used when algorithm = "ddtree".
         '';
       };
+      ddtree.policy = mkOption {
+        type = types.strMatching "fixed|adaptive(:.+)?";
+        default = "fixed";
+        example = "adaptive";
+        description = ''
+          How many of the budget's nodes each decode round uses. "fixed": every round
+          verifies budget + 1 tokens. "adaptive": per batch size, the budget among 0 (no
+          draft), a ladder below it and the budget itself that earns the most tokens per
+          millisecond, measured online ("adaptive:auto:<token cap>" sets the cap of
+          batch size x (n + 1) verified tokens; "adaptive:1:0,7,15;8:0,3" gives the
+          candidates per batch-size range). The schedule is checked when the system is
+          built, by the package's own validator. See docs/ddtree.md, "Adaptive budget".
+        '';
+      };
       blockSize = mkOption {
         type = types.nullOr (between limits.blockSize);
         default = null;
@@ -273,7 +287,7 @@ let
         environment extraArgs preflight startTimeout loadFormat draftLoadFormat
         skipTokenizerInit multiNode;
       metrics = { inherit (config.metrics) enable; };
-      ddtree = { inherit (config.ddtree) budget; };
+      ddtree = { inherit (config.ddtree) budget policy; };
       cacheDir = "/var/cache/sglang-dflash-${config.name}";
     };
   };
@@ -364,9 +378,10 @@ let
         message = "${p}.extraArgs: --config is reserved for serve (it carries the API key).";
       }
       {
-        assertion = !(i.environment ? CUDA_VISIBLE_DEVICES) && !(i.environment ? SGLANG_DFLASH_DDTREE_BUDGET);
-        message = "${p}.environment: set the GPUs with gpus and the DDTree budget with ddtree.budget, "
-          + "not CUDA_VISIBLE_DEVICES / SGLANG_DFLASH_DDTREE_BUDGET.";
+        assertion = !(i.environment ? CUDA_VISIBLE_DEVICES) && !(i.environment ? SGLANG_DFLASH_DDTREE_BUDGET)
+          && !(i.environment ? SGLANG_DFLASH_DDTREE_POLICY);
+        message = "${p}.environment: set the GPUs with gpus and the DDTree budget and policy with ddtree.budget "
+          + "and ddtree.policy, not CUDA_VISIBLE_DEVICES / SGLANG_DFLASH_DDTREE_BUDGET / SGLANG_DFLASH_DDTREE_POLICY.";
       }
     ];
 

@@ -10,7 +10,7 @@ Runs ON the GPU host (staged site first on PYTHONPATH, no network), from the rep
 
 Modes (each may end in ``@flashinfer`` / ``@triton``, default ``--backend``):
 ``none``, ``dflash``, ``ddtree:<N>`` (fixed budget), ``adaptive:<N>`` (DDTree with
-SGLANG_DFLASH_DDTREE_POLICY=adaptive, largest budget N), ``seeded:<mode>`` (T > 0 as token
+``ddtree.policy`` adaptive, largest budget N), ``seeded:<mode>`` (T > 0 as token
 identity under ``--enable-deterministic-inference``: a seeded no-speculation server once per
 run, then ``<mode>``; the drafter is the real one, nothing planted), ``profile:<mode>`` (SGLang's
 own torch profiler over ``--profile-steps`` forward steps at c = 1 and 8, each trace reduced on
@@ -40,7 +40,6 @@ import trace_summary  # benchmarks/trace_summary.py (benchmarks/ is on PYTHONPAT
 
 LEVELS = (1, 8, 32)
 NEW_TOKENS = 256
-POLICY_ENV = "SGLANG_DFLASH_DDTREE_POLICY"
 POLICY_LOG = "DDTree adaptive policy: "
 DETERMINISTIC = "--enable-deterministic-inference"
 
@@ -79,9 +78,7 @@ def pair_config(pair: Path, name: str, mode: str, backend: str, *,
     if algorithm != "none":
         cfg |= {"draftModel": str(pair / "draft"), "draftAttentionBackend": backend}
     if budget is not None:
-        cfg["ddtree"] = {"budget": budget}
-    if adaptive:
-        cfg["environment"] = {POLICY_ENV: "adaptive"}
+        cfg["ddtree"] = {"budget": budget, "policy": "adaptive" if adaptive else "fixed"}
     return cfg
 
 
@@ -165,7 +162,7 @@ def policy_lines(log: Path) -> list[dict]:
 
 def serve_mode(opts, pair: Path, mode: str, backend: str, prompts: list[dict],
                greedy_n: int, per_level: int, bench_prompts: Path) -> dict:
-    algorithm, budget, _ = parse_mode(mode)
+    algorithm, budget, adaptive = parse_mode(mode)
     name = mode.replace(":", "-") + f"-{backend}"
     cfg = pair_config(pair, name, mode, backend, port=opts.port)
     head = prompts[:greedy_n]
@@ -174,7 +171,8 @@ def serve_mode(opts, pair: Path, mode: str, backend: str, prompts: list[dict],
         if rec["ready_seconds"]:
             expect = ["--expect-algorithm", algorithm]
             if budget is not None:
-                expect += ["--expect-ddtree-budget", str(budget)]
+                expect += ["--expect-ddtree-budget", str(budget), "--expect-ddtree-policy",
+                           "adaptive" if adaptive else "fixed"]
             chk = e2e.sh(e2e.cli(["check", "--url", url, "--layer", "live", *expect]),
                          env=opts.env, timeout=120)
             rec["check_url"] = {"rc": chk["rc"], "stdout": chk["stdout"][-3000:]}

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_dflash.errors import UserError
+from sglang_dflash.sglang_overlay import settings as _overlay_settings
 
 ALGORITHMS = ("none", "dflash", "ddtree")
 # Ranges, names and margins shared with the NixOS module (its option types read the same file).
@@ -28,6 +29,7 @@ START_TIMEOUT_MARGIN_S = LIMITS["startTimeoutMarginS"]
 DEFAULT_PORT = 30000
 DEFAULT_START_TIMEOUT = 1800
 DDTREE_BUDGET_ENV = "SGLANG_DFLASH_DDTREE_BUDGET"
+DDTREE_POLICY_ENV = _overlay_settings.POLICY_ENV
 NAME_RE = re.compile("^" + LIMITS["instanceName"] + "$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
@@ -57,6 +59,9 @@ class ConfigError(UserError, ValueError):
 @dataclass(frozen=True)
 class DDTreeConfig:
     budget: int = DEFAULT_BUDGET
+    # "fixed" (every round at `budget`), "adaptive" (auto schedule), "adaptive:auto:<token
+    # cap>" or "adaptive:<min bs>:<budgets>;..." (docs/ddtree.md "Adaptive budget")
+    policy: str = "fixed"
 
 
 @dataclass(frozen=True)
@@ -175,15 +180,24 @@ def _parse_ddtree(raw: Any) -> DDTreeConfig:
         return DDTreeConfig()
     if not isinstance(raw, dict):
         raise ConfigError(f"ddtree: must be an object like {{\"budget\": 64}}, got {raw!r}")
-    unknown = sorted(set(raw) - {"budget"})
+    known = ["budget", "policy"]
+    unknown = sorted(set(raw) - set(known))
     if unknown:
-        close = difflib.get_close_matches(unknown[0], ["budget"], n=1, cutoff=0.6)
-        hint = "did you mean 'budget'?" if close else "known: budget"
+        close = difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}?" if close else "known: " + ", ".join(known)
         raise ConfigError(f"ddtree.{unknown[0]}: unknown key ({hint})")
     budget = raw.get("budget", DEFAULT_BUDGET)
     _check_type("ddtree.budget", budget, (int,), False)
     _in_range("ddtree.budget", budget, BUDGET_MIN, BUDGET_MAX)
-    return DDTreeConfig(budget=budget)
+    policy = raw.get("policy", "fixed")
+    _check_type("ddtree.policy", policy, (str,), False)
+    from sglang_dflash.sglang_overlay.policy import PolicyError, parse_policy
+
+    try:  # the worker parses the same text with the same function at start-up
+        parse_policy(policy, budget, "ddtree.policy")
+    except PolicyError as exc:
+        raise ConfigError(str(exc)) from None
+    return DDTreeConfig(budget=budget, policy=policy.strip() or "fixed")
 
 
 def _parse_metrics(raw: Any) -> bool:
@@ -256,6 +270,8 @@ def _parse_environment(raw: Any) -> tuple[tuple[str, str], ...]:
         raise ConfigError("environment.CUDA_VISIBLE_DEVICES: set the GPUs with `gpus` instead")
     if DDTREE_BUDGET_ENV in raw:
         raise ConfigError(f"environment.{DDTREE_BUDGET_ENV}: set `ddtree.budget` instead")
+    if DDTREE_POLICY_ENV in raw:
+        raise ConfigError(f"environment.{DDTREE_POLICY_ENV}: set `ddtree.policy` instead")
     return tuple(sorted(raw.items()))
 
 
@@ -456,9 +472,13 @@ def render_env(cfg: InstanceConfig) -> dict[str, str]:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in cfg.gpus)
     if cfg.algorithm == "ddtree":
         env[DDTREE_BUDGET_ENV] = str(cfg.ddtree.budget)
+        if cfg.ddtree.policy != "fixed":
+            env[DDTREE_POLICY_ENV] = cfg.ddtree.policy
     return env
 
 
 def unset_env(cfg: InstanceConfig) -> tuple[str, ...]:
-    """Inherited variables that must not reach the child (a stale DDTree switch)."""
-    return () if cfg.algorithm == "ddtree" else (DDTREE_BUDGET_ENV,)
+    """Inherited variables that must not reach the child (a stale DDTree switch or policy)."""
+    if cfg.algorithm != "ddtree":
+        return (DDTREE_BUDGET_ENV, DDTREE_POLICY_ENV)
+    return () if cfg.ddtree.policy != "fixed" else (DDTREE_POLICY_ENV,)

@@ -282,8 +282,9 @@ def test_merged_expectations() -> None:
     plain = cfg_of(algorithm="none", draftModel="ignored")
     E = live.Expectations
     assert merged_expectations(None, None, None, None) == E()
-    assert merged_expectations(ddtree, None, None, None) == E("ddtree", "d", 16)
-    assert merged_expectations(ddtree, None, "x", 3) == E("ddtree", "x", 3)
+    assert merged_expectations(ddtree, None, None, None) == E("ddtree", "d", 16,
+                                                              ddtree_policy="fixed")
+    assert merged_expectations(ddtree, None, "x", 3) == E("ddtree", "x", 3, ddtree_policy="fixed")
     assert merged_expectations(ddtree, "dflash", None, None) == E("dflash", "d", None)
     assert merged_expectations(ddtree, "none", None, None) == E("none", None, None)
     assert merged_expectations(dflash, None, None, None) == E("dflash", "d", None)

@@ -165,7 +165,8 @@ def test_server_info_evaluation_is_case_insensitive_and_strict() -> None:
     exp = live.Expectations("ddtree", "d", 8)
     info = {"speculative_algorithm": "dflash", "speculative_draft_model_path": "d",
             "speculative_num_draft_tokens": 9}
-    assert [r.status for r in live.evaluate_server_info(info, exp)] == ["PASS"] * 3
+    # the policy line: a server without the plugin's report is a SKIP when none is expected
+    assert [r.status for r in live.evaluate_server_info(info, exp)] == ["PASS"] * 3 + ["SKIP"]
     none = live.evaluate_server_info({"speculative_algorithm": "NONE"}, live.Expectations("none"))
     assert none[0].status == "PASS"
     eagle = live.evaluate_server_info({"speculative_algorithm": "EAGLE"}, exp)

@@ -55,7 +55,16 @@ def build(tmp_path: Path, instances: str, name: str = "a") -> subprocess.Complet
 def test_a_valid_config_builds(tmp_path):
     r = build(tmp_path, '{ a = { model = "m"; draftModel = "d"; algorithm = "ddtree"; }; }')
     assert r.returncode == 0, r.stderr
-    assert json.loads((tmp_path / "out.json").read_text())["ddtree"] == {"budget": 64}
+    assert json.loads((tmp_path / "out.json").read_text())["ddtree"] == {"budget": 64,
+                                                                         "policy": "fixed"}
+
+
+def test_a_schedule_the_type_accepts_but_the_worker_would_refuse_fails_the_build(tmp_path):
+    # "adaptive:1:0,99" matches the option's pattern; 99 > budget 16 is the validator's call
+    r = build(tmp_path, '{ a = { model = "m"; draftModel = "d"; algorithm = "ddtree"; '
+                        'ddtree.budget = 16; ddtree.policy = "adaptive:1:0,99"; }; }')
+    assert r.returncode != 0
+    assert "budget 99 at batch size 1 is outside 0..16" in r.stderr
 
 
 def test_a_config_the_types_accept_but_the_validator_refuses_fails_the_build(tmp_path):

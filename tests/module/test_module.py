@@ -352,3 +352,19 @@ def test_vm_test_instance_renders_the_expected_unit():
     cfg = out["configs"]["standin"]
     assert cfg["environment"]["STANDIN_SELFKILL_ON_TERM"] == "1"
     assert (cfg["host"], cfg["port"], cfg["algorithm"]) == ("127.0.0.1", 30000, "ddtree")
+
+
+def test_ddtree_policy_reaches_the_config_and_bad_text_is_a_type_error():
+    """`ddtree.policy` is written to the instance config (the build-time validator parses it
+    with the worker's parser); text that is neither fixed nor adaptive… fails NixOS's type."""
+    out = evaluate('{ q = { model = "m"; draftModel = "d"; algorithm = "ddtree"; '
+                   'ddtree.budget = 16; ddtree.policy = "adaptive:auto:256"; gpus = [ 0 ]; }; }')
+    assert out["failedAssertions"] == []
+    cfg = parse_config(out["configs"]["q"])
+    assert cfg.ddtree.policy == "adaptive:auto:256"
+    assert render_env(cfg)["SGLANG_DFLASH_DDTREE_POLICY"] == "adaptive:auto:256"
+    default = evaluate('{ q = { model = "m"; draftModel = "d"; algorithm = "ddtree"; }; }')
+    assert default["configs"]["q"]["ddtree"] == {"budget": 64, "policy": "fixed"}
+    err = eval_error('{ a = { model = "m"; draftModel = "d"; algorithm = "ddtree"; '
+                     'ddtree.policy = "sometimes"; }; }')
+    assert "ddtree.policy' is not of type `string matching the pattern" in err

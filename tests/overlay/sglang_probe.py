@@ -233,6 +233,33 @@ def main(model: str, draft: str) -> dict:
     }
     os.environ.pop("SGLANG_FLASHINFER_WORKSPACE_SIZE", None)
 
+    # --- /server_info's internal state: the DDTree policy summary is added ------------------
+    from sglang.srt.managers.io_struct import GetInternalStateReqOutput
+    from sglang.srt.managers.scheduler import Scheduler
+
+    def fake_original(self, recv_req):
+        return GetInternalStateReqOutput(internal_state={"avg_spec_accept_length": 2.0})
+
+    class FakeWorker:
+        def policy_summary(self):
+            return {"policy": "adaptive 1:0,3,8", "budget": 8, "slots": {"1": {"current": 3}}}
+
+    class Broken:
+        def policy_summary(self):
+            raise RuntimeError("boom")
+
+    def state_of(worker):
+        res = dd_hooks.internal_state(fake_original, SimpleNamespace(draft_worker=worker), None)
+        return res.internal_state
+
+    out["internal_state"] = {
+        "wrapped": hasattr(Scheduler.get_internal_state, "__wrapped__"),
+        "with_worker": state_of(FakeWorker()),
+        "no_worker": state_of(None),
+        "broken": state_of(Broken()),
+        "unset": with_env(None, lambda: state_of(FakeWorker())),
+    }
+
     # --- request admission -------------------------------------------------------------------
     from sglang.srt.sampling.sampling_params import SamplingParams
 

@@ -114,9 +114,9 @@ def _one_line_error(entry: dict, *needles: str) -> str:
     return err
 
 
-def test_entry_point_registers_seven_around_hooks(probes):
+def test_entry_point_registers_eight_around_hooks(probes):
     on = probes["on"]
-    assert len(on["hooks"]) == 7
+    assert len(on["hooks"]) == 8
     assert on["patched"] == on["hooks"]
     assert all(on["wrapped"].values())
 
@@ -252,3 +252,15 @@ def test_seeded_node_draws_equal_sglangs_deterministic_sampler():
 def test_worker_takes_the_seeded_path_only_with_seeds_and_without_min_p(probes):
     # seed, no seed, seed + min-p (SGLang's sampler refuses that), a batch info without the field
     assert probes["on"]["seeded_switch"] == [True, False, False, False]
+
+
+def test_server_info_reports_the_ddtree_policy(probes):
+    """``/server_info``'s internal state gains the worker's policy summary (check --url reads
+    it), only in DDTree mode, and a failing summary never breaks the endpoint."""
+    st = probes["on"]["internal_state"]
+    assert st["wrapped"]
+    assert st["with_worker"] == {"avg_spec_accept_length": 2.0, "ddtree": {
+        "policy": "adaptive 1:0,3,8", "budget": 8, "slots": {"1": {"current": 3}}}}
+    assert st["no_worker"] == {"avg_spec_accept_length": 2.0}
+    assert st["broken"]["ddtree"] == {"error": "RuntimeError: boom"}
+    assert st["unset"] == {"avg_spec_accept_length": 2.0}

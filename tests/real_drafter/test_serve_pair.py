@@ -141,10 +141,10 @@ def test_serve_pair_every_step_kind(pair, tmp_path):
     for m, rec in serve.items():
         assert rec["check_url"]["rc"] == 0, (m, rec["check_url"])
         assert len(rec["greedy"]) == 3 and len(rec["greedy"][0]["output"]) == 256
-    # the adaptive server got the policy variable, the fixed one did not
-    assert serve["adaptive:16"]["config"]["environment"] == {
-        "SGLANG_DFLASH_DDTREE_POLICY": "adaptive"}
-    assert "environment" not in serve["ddtree:16"]["config"]
+    # the adaptive server runs the adaptive policy (check --url expects it from the config)
+    assert serve["adaptive:16"]["config"]["ddtree"] == {"budget": 16, "policy": "adaptive"}
+    assert serve["ddtree:16"]["config"]["ddtree"] == {"budget": 16, "policy": "fixed"}
+    assert "policy adaptive 1:0,3,7,16" in serve["adaptive:16"]["check_url"]["stdout"]
     # the stand-in is deterministic: every comparison must say identical
     assert res["compare"]["greedy"]["triton"]["identical"] is True
     assert res["compare"]["greedy_parallel"]["triton"]["identical"] is True

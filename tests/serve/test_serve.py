@@ -271,7 +271,9 @@ def test_print_argv_renders_env_and_command(make_config, start_serve):
                         "--print-argv"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
     out = r.stdout.strip()
-    assert out.startswith("env CUDA_VISIBLE_DEVICES=1 SGLANG_DFLASH_DDTREE_BUDGET=8 ")
+    # a fixed-budget DDTree server must not inherit an adaptive policy from the caller
+    assert out.startswith("env -u SGLANG_DFLASH_DDTREE_POLICY CUDA_VISIBLE_DEVICES=1 "
+                          "SGLANG_DFLASH_DDTREE_BUDGET=8 ")
     tail = "-m sglang.launch_server --model-path standin-model --host 127.0.0.1 --port "
     tail += str(raw["port"])
     assert tail in out

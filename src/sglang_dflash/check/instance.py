@@ -19,7 +19,8 @@ def config_url(cfg: InstanceConfig) -> str:
 
 
 def merged_expectations(cfg: InstanceConfig | None, algorithm: str | None,
-                        draft_model: str | None, ddtree_budget: int | None) -> Expectations:
+                        draft_model: str | None, ddtree_budget: int | None,
+                        ddtree_policy: str | None = None) -> Expectations:
     """Flags first, then the config; ValueError (one line) for an impossible combination.
 
     The config's draft model is expected only when speculation is expected, and its
@@ -27,11 +28,14 @@ def merged_expectations(cfg: InstanceConfig | None, algorithm: str | None,
     `ddtree.budget` means nothing for a DFlash instance.
     """
     if cfg is None:
-        return expectations_from(algorithm, draft_model, ddtree_budget)
+        return expectations_from(algorithm, draft_model, ddtree_budget, ddtree_policy)
     algo = (algorithm if algorithm is not None else cfg.algorithm).lower()
     if draft_model is None and algo != "none" and cfg.speculative:
         draft_model = cfg.draft_model
-    if ddtree_budget is None and algo == "ddtree" and cfg.algorithm == "ddtree":
-        ddtree_budget = cfg.ddtree.budget
-    exp = expectations_from(algo, draft_model, ddtree_budget)
+    if algo == "ddtree" and cfg.algorithm == "ddtree":
+        if ddtree_budget is None:
+            ddtree_budget = cfg.ddtree.budget
+        if ddtree_policy is None:
+            ddtree_policy = cfg.ddtree.policy
+    exp = expectations_from(algo, draft_model, ddtree_budget, ddtree_policy)
     return replace(exp, metrics=True) if cfg.metrics_enable else exp

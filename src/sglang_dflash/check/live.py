@@ -29,11 +29,16 @@ class Expectations:
     draft_model: str | None = None
     ddtree_budget: int | None = None
     metrics: bool | None = None  # /metrics must answer (the config enables metrics)
+    ddtree_policy: str | None = None  # canonical text: "fixed" or "adaptive <schedule>"
 
 
 def expectations_from(algorithm: str | None = None, draft_model: str | None = None,
-                      ddtree_budget: int | None = None) -> Expectations:
-    """Validate plain values (from flags or an instance config); ValueError names the bad one."""
+                      ddtree_budget: int | None = None,
+                      ddtree_policy: str | None = None) -> Expectations:
+    """Validate plain values (from flags or an instance config); ValueError names the bad one.
+
+    A policy is canonicalised with the worker's own parser, so "adaptive" and its rendered
+    schedule compare equal; it needs the budget (the schedule's largest candidate)."""
     if algorithm is not None:
         algorithm = algorithm.lower()
         if algorithm not in ALGORITHMS:
@@ -44,7 +49,16 @@ def expectations_from(algorithm: str | None = None, draft_model: str | None = No
             raise ValueError(f"ddtree budget must be a positive integer, got {ddtree_budget!r}")
         if algorithm not in (None, "ddtree"):
             raise ValueError(f"a ddtree budget was given but the algorithm is {algorithm}")
-    return Expectations(algorithm, draft_model, ddtree_budget)
+    if ddtree_policy is not None:
+        if ddtree_budget is None:
+            raise ValueError("a ddtree policy needs the ddtree budget (--expect-ddtree-budget)")
+        from sglang_dflash.sglang_overlay.policy import PolicyError, parse_policy
+
+        try:
+            ddtree_policy = parse_policy(ddtree_policy, ddtree_budget, "ddtree policy").describe()
+        except PolicyError as exc:
+            raise ValueError(str(exc)) from None
+    return Expectations(algorithm, draft_model, ddtree_budget, ddtree_policy=ddtree_policy)
 
 
 def parse_url(url: str) -> str:
@@ -142,7 +156,50 @@ def evaluate_server_info(info: dict, exp: Expectations) -> list[Result]:
                               "check that the DDTree plugin is installed and the config sets "
                               "algorithm \"ddtree\" with ddtree.budget (serve passes it as "
                               "SGLANG_DFLASH_DDTREE_BUDGET)"))
+    if exp.ddtree_budget is not None or exp.ddtree_policy is not None:
+        out.append(evaluate_ddtree_policy(info, exp.ddtree_policy))
     return out
+
+
+def ddtree_state(info: dict) -> dict | None:
+    """The DDTree worker's policy summary in /server_info (internal_states[0]["ddtree"])."""
+    states = info.get("internal_states")
+    if isinstance(states, list) and states and isinstance(states[0], dict):
+        state = states[0].get("ddtree")
+        return state if isinstance(state, dict) else None
+    return None
+
+
+def describe_slots(slots: dict) -> str:
+    """`bs 1 -> 16 (accept 3.20), bs 8 -> 0`: each batch size's current budget."""
+    parts = []
+    for bs, slot in sorted(slots.items(), key=lambda kv: int(kv[0])):
+        cur = slot.get("current")
+        acc = (slot.get("accept") or {}).get(str(cur))
+        parts.append(f"bs {bs} -> {cur}" + (f" (accept {acc:.2f})" if acc and cur else ""))
+    return ", ".join(parts[:8]) + (f", ... ({len(parts)} batch sizes)" if len(parts) > 8 else "")
+
+
+def evaluate_ddtree_policy(info: dict, expected: str | None) -> Result:
+    """Pure: the budget policy the DDTree worker reports against the expected one."""
+    state = ddtree_state(info)
+    if state is None:
+        if expected is None:
+            return skipped(LAYER, "ddtree_policy", "the server reports no DDTree policy state "
+                           "(no decode round yet, or a plugin without the report)")
+        return failed(LAYER, "ddtree_policy", f"expected policy {expected!r}, but the server "
+                      "reports no DDTree policy state",
+                      "install this sglang-dflash in the server's environment (the plugin adds "
+                      "internal_states[0].ddtree to /server_info)")
+    policy = state.get("policy")
+    slots = state.get("slots") or {}
+    learnt = f"; {describe_slots(slots)}" if slots else ""
+    if expected is not None and policy != expected:
+        return failed(LAYER, "ddtree_policy", f"server runs policy {policy!r}, expected "
+                      f"{expected!r}", "set ddtree.policy in the instance config (serve passes "
+                      "it as SGLANG_DFLASH_DDTREE_POLICY) and restart")
+    return passed(LAYER, "ddtree_policy", f"policy {policy} (budget {state.get('budget')})"
+                  f"{learnt}")
 
 
 def evaluate_metrics(status: int | None, body: object, expected: bool | None) -> Result:

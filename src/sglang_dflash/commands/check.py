@@ -39,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="draft model path the server must report")
     parser.add_argument("--expect-ddtree-budget", type=int, metavar="N",
                         help="DDTree node budget (server verify width must be N+1)")
+    parser.add_argument("--expect-ddtree-policy", metavar="POLICY",
+                        help="DDTree budget policy the server must run (fixed, adaptive, "
+                        "adaptive:<schedule>; needs the budget)")
     parser.add_argument("--api-key-file", type=Path, metavar="FILE",
                         help="file holding the server's API key (sent as a Bearer token)")
     parser.add_argument("--timeout", type=float, default=5.0, metavar="S",
@@ -124,7 +127,7 @@ def plan_live(args: argparse.Namespace, layers: list[str],
     must neither touch the network nor read a key file it may not be allowed to read.
     """
     exp = merged_expectations(cfg, args.expect_algorithm, args.expect_draft_model,
-                              args.expect_ddtree_budget)
+                              args.expect_ddtree_budget, args.expect_ddtree_policy)
     url = args.url
     asked = bool(args.layers) and "live" in args.layers and not args.offline
     if url is None and cfg is not None and asked:

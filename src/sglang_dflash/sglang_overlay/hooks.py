@@ -12,6 +12,7 @@ DFlash (and every other algorithm) is untouched. Targets, all reached without ed
 | ``DecodeCudaGraphRunner.get_spec_info`` | AROUND | target graphs captured with a mask |
 | ``dflash_utils.validate_dflash_request`` | AROUND | grammar requests rejected per request |
 | ``FlashInferAttnBackend.__init__`` | AROUND | workspace for the N+1-wide verify graphs |
+| ``Scheduler.get_internal_state`` | AROUND | ``/server_info`` reports the budget policy |
 
 ``create_worker`` imports its worker lazily, so wrapping it (rather than a class REPLACE of
 ``DFlashWorkerV2``) keeps the heavy worker module out of the launcher/tokenizer processes.
@@ -40,6 +41,7 @@ TARGETS = {
     "validate_request": f"{SPEC}.dflash_utils.validate_dflash_request",
     "flashinfer_workspace": "sglang.srt.layers.attention.flashinfer_backend."
     "FlashInferAttnBackend.__init__",
+    "internal_state": "sglang.srt.managers.scheduler.Scheduler.get_internal_state",
 }
 
 
@@ -246,6 +248,20 @@ def flashinfer_workspace(original, self, model_runner, *args, **kwargs):
     return result
 
 
+def internal_state(original, self, recv_req):
+    """SGLang's internal state, plus the DDTree worker's policy and what it has learnt
+    (``internal_states[0]["ddtree"]`` of ``/server_info``: read by ``check --url``)."""
+    out = original(self, recv_req)
+    summary = getattr(getattr(self, "draft_worker", None), "policy_summary", None)
+    state = getattr(out, "internal_state", None)
+    if _active() and callable(summary) and isinstance(state, dict):
+        try:
+            state["ddtree"] = summary()
+        except Exception as exc:  # a report must never break /server_info
+            state["ddtree"] = {"error": f"{type(exc).__name__}: {exc}"}
+    return out
+
+
 HOOKS = {
     "handle_dflash": handle_dflash,
     "tokens_per_req": tokens_per_req,
@@ -254,6 +270,7 @@ HOOKS = {
     "graph_spec_info": graph_spec_info,
     "validate_request": validate_request,
     "flashinfer_workspace": flashinfer_workspace,
+    "internal_state": internal_state,
 }
 
 

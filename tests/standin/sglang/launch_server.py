@@ -69,6 +69,21 @@ class State:
             return int(budget) + 1
         return self.args.speculative_num_draft_tokens
 
+    def internal_state(self) -> dict:
+        """As SGLang's, plus what the DDTree plugin adds: the worker's policy summary."""
+        state = {"avg_spec_accept_length": self.accept_length if self.speculative else None}
+        budget = os.environ.get("SGLANG_DFLASH_DDTREE_BUDGET", "").strip()
+        if budget.isdigit() and self.args.speculative_algorithm == "DFLASH":
+            raw = os.environ.get("SGLANG_DFLASH_DDTREE_POLICY")
+            try:  # the worker's own parser, as the real plugin renders it
+                from sglang_dflash.sglang_overlay.policy import parse_policy
+
+                policy = parse_policy(raw, int(budget), "policy").describe()
+            except Exception:
+                policy = raw or "fixed"
+            state["ddtree"] = {"policy": policy, "budget": int(budget)}
+        return state
+
     def server_info(self) -> dict:
         a = self.args
         return {
@@ -79,9 +94,7 @@ class State:
             "speculative_num_draft_tokens": self.num_draft_tokens(),
             "speculative_dflash_block_size": a.speculative_dflash_block_size,
             "tp_size": a.tp_size,
-            "internal_states": [
-                {"avg_spec_accept_length": self.accept_length if self.speculative else None}
-            ],
+            "internal_states": [self.internal_state()],
             "version": "0.5.17",
         }
 

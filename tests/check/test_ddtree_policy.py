@@ -1,0 +1,120 @@
+"""The DDTree budget policy end to end: `ddtree.policy` in the instance config, its
+environment for the server, and `check --url` reading the policy the server reports
+(internal_states[0].ddtree of /server_info; the stand-in reports what the plugin adds)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sglang_dflash.check import live
+from sglang_dflash.config import (
+    DDTREE_POLICY_ENV,
+    ConfigError,
+    parse_config,
+    render_env,
+    unset_env,
+)
+from sglang_dflash.sglang_overlay import settings
+from tests.check.test_live import DFLASH, live_check, wait_healthy
+
+AUTO16 = "adaptive 1:0,3,7,16;32:0,3,7;128:0,3"
+
+
+def cfg(**ddtree):
+    return parse_config({"name": "p", "model": "m", "draftModel": "d", "algorithm": "ddtree",
+                         "ddtree": {"budget": 16, **ddtree}})
+
+
+def test_the_config_names_the_same_variable_as_the_worker():
+    assert DDTREE_POLICY_ENV == settings.POLICY_ENV
+
+
+def test_policy_reaches_the_server_environment_only_when_adaptive():
+    fixed, adaptive = cfg(), cfg(policy="adaptive")
+    assert fixed.ddtree.policy == "fixed" and DDTREE_POLICY_ENV not in render_env(fixed)
+    assert DDTREE_POLICY_ENV in unset_env(fixed)  # an inherited policy must not leak in
+    assert render_env(adaptive)[DDTREE_POLICY_ENV] == "adaptive"
+    assert DDTREE_POLICY_ENV not in unset_env(adaptive)
+    dflash = parse_config({"name": "p", "model": "m", "draftModel": "d", "algorithm": "dflash"})
+    assert DDTREE_POLICY_ENV in unset_env(dflash)
+
+
+@pytest.mark.parametrize("raw,needle", [
+    ("sometimes", "ddtree.policy='sometimes'"),
+    ("adaptive:1:0,99", "outside 0..16"),
+    ("adaptive:2:0,16", "must start at batch size 1"),
+    (7, "ddtree.policy"),
+])
+def test_bad_policies_are_one_line_config_errors(raw, needle):
+    with pytest.raises(ConfigError) as exc:
+        cfg(policy=raw)
+    msg = str(exc.value)
+    assert needle in msg and "\n" not in msg
+
+
+def test_the_policy_variable_cannot_be_set_through_environment():
+    with pytest.raises(ConfigError, match=r"set `ddtree\.policy` instead"):
+        parse_config({"name": "p", "model": "m", "draftModel": "d", "algorithm": "ddtree",
+                      "environment": {DDTREE_POLICY_ENV: "adaptive"}})
+
+
+def test_misspelt_policy_key_gets_a_hint():
+    with pytest.raises(ConfigError, match="did you mean 'policy'"):
+        cfg(polciy="adaptive")
+
+
+def test_expectations_canonicalise_the_policy():
+    exp = live.expectations_from("ddtree", None, 16, "adaptive")
+    assert exp.ddtree_policy == AUTO16
+    with pytest.raises(ValueError, match="needs the ddtree budget"):
+        live.expectations_from("ddtree", None, None, "adaptive")
+
+
+def _info(state):
+    return {"internal_states": [{"avg_spec_accept_length": 2.0,
+                                 **({"ddtree": state} if state is not None else {})}]}
+
+
+def test_evaluate_policy_pass_fail_skip():
+    state = {"policy": AUTO16, "budget": 16, "slots": {
+        "8": {"current": 0, "accept": {"0": 1.0}}, "1": {"current": 16, "accept": {"16": 3.2}}}}
+    ok = live.evaluate_ddtree_policy(_info(state), AUTO16)
+    assert ok.status == "PASS"
+    assert ok.found == f"policy {AUTO16} (budget 16); bs 1 -> 16 (accept 3.20), bs 8 -> 0"
+    bad = live.evaluate_ddtree_policy(_info(state), "fixed")
+    assert bad.status == "FAIL" and "ddtree.policy" in bad.fix
+    missing = live.evaluate_ddtree_policy(_info(None), "fixed")
+    assert missing.status == "FAIL" and "reports no DDTree policy" in missing.found
+    assert live.evaluate_ddtree_policy(_info(None), None).status == "SKIP"
+
+
+def test_check_url_reports_the_running_policy(tmp_path: Path, standin_server) -> None:
+    url = wait_healthy(standin_server(*DFLASH, SGLANG_DFLASH_DDTREE_BUDGET="16",
+                                      SGLANG_DFLASH_DDTREE_POLICY="adaptive"))
+    rc, res, err, _ = live_check(tmp_path, url, "--expect-algorithm", "ddtree",
+                                 "--expect-ddtree-budget", "16", "--expect-ddtree-policy",
+                                 "adaptive")
+    assert rc == 0, (res, err)
+    assert res["live.ddtree_policy"]["found"] == f"policy {AUTO16} (budget 16)"
+    rc, res, _, _ = live_check(tmp_path, url, "--expect-algorithm", "ddtree",
+                               "--expect-ddtree-budget", "16", "--expect-ddtree-policy", "fixed")
+    assert rc == 1 and res["live.ddtree_policy"]["status"] == "FAIL"
+
+
+def test_check_config_expects_the_configs_policy(tmp_path: Path, standin_server) -> None:
+    """`check --config` with `ddtree.policy` fixed (the default) against a server that runs
+    adaptive: the mismatch is named."""
+    url = wait_healthy(standin_server(*DFLASH, SGLANG_DFLASH_DDTREE_BUDGET="16",
+                                      SGLANG_DFLASH_DDTREE_POLICY="adaptive"))
+    port = int(url.rsplit(":", 1)[1])
+    path = tmp_path / "i.json"
+    path.write_text(json.dumps({"name": "p", "model": "standin-model", "draftModel": "draft-m",
+                                "algorithm": "ddtree", "ddtree": {"budget": 16},
+                                "port": port}))
+    rc, res, _, _ = live_check(tmp_path, url, "--config", str(path))
+    assert rc == 1
+    assert res["live.ddtree_policy"]["found"] == (
+        f"server runs policy {AUTO16!r}, expected 'fixed'")
