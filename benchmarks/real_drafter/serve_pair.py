@@ -63,8 +63,10 @@ def mode_label(mode: str) -> str:
 
 
 def pair_config(pair: Path, name: str, mode: str, backend: str, *,
-                deterministic: bool = False, port: int = e2e.PORT) -> dict:
-    """The instance config of one mode: the pair's real weights and tokenizer."""
+                deterministic: bool = False, port: int = e2e.PORT, dummy: bool = False) -> dict:
+    """The instance config of one mode: the pair's real weights and tokenizer (``dummy``:
+    random weights and no tokenizer, for round-cost profiles where acceptance is not the
+    point)."""
     algorithm, budget, adaptive = parse_mode(mode)
     extra = ["--sampling-backend", "pytorch", "--cuda-graph-max-bs", "32",
              "--cuda-graph-backend-prefill", "disabled", "--dtype", "bfloat16"]
@@ -75,11 +77,28 @@ def pair_config(pair: Path, name: str, mode: str, backend: str, *,
         "port": port, "gpus": [0], "memFractionStatic": 0.6, "attentionBackend": backend,
         "contextLength": 2048, "preflight": False, "startTimeout": 420, "extraArgs": extra,
     }
+    if dummy:
+        cfg |= {"loadFormat": "dummy", "skipTokenizerInit": True}
     if algorithm != "none":
         cfg |= {"draftModel": str(pair / "draft"), "draftAttentionBackend": backend}
+        if dummy:
+            cfg["draftLoadFormat"] = "dummy"
     if budget is not None:
         cfg["ddtree"] = {"budget": budget, "policy": "adaptive" if adaptive else "fixed"}
     return cfg
+
+
+def write_dummy_pair(root: Path, seed: int = 0) -> None:
+    """gpu_e2e's 8B-shaped target/draft configs and 64 prompts of 64-496 random ids."""
+    import random
+
+    e2e.write_models(root)
+    rng = random.Random(seed)
+    vocab = e2e.TARGET_CONFIG["vocab_size"]
+    lines = [json.dumps({"input_ids": [rng.randrange(1000, vocab - 1000)
+                                       for _ in range(rng.randint(64, 496))]})
+             for _ in range(64)]
+    (root / "prompts.jsonl").write_text("\n".join(lines) + "\n")
 
 
 def load_prompts(pair: Path) -> list[dict]:
@@ -164,7 +183,7 @@ def serve_mode(opts, pair: Path, mode: str, backend: str, prompts: list[dict],
                greedy_n: int, per_level: int, bench_prompts: Path) -> dict:
     algorithm, budget, adaptive = parse_mode(mode)
     name = mode.replace(":", "-") + f"-{backend}"
-    cfg = pair_config(pair, name, mode, backend, port=opts.port)
+    cfg = pair_config(pair, name, mode, backend, port=opts.port, dummy=opts.dummy)
     head = prompts[:greedy_n]
     with e2e.running_server(opts, cfg, name) as (url, rec):
         rec |= {"mode": mode, "label": mode_label(mode), "backend": backend}
@@ -193,7 +212,8 @@ def seeded_mode(opts, pair: Path, mode: str, backend: str, prompts: list[dict],
     rec: dict = {"mode": f"seeded:{mode}", "backend": backend}
     if backend not in cache:
         name = f"seeded-none-{backend}"
-        cfg = pair_config(pair, name, "none", backend, deterministic=True, port=opts.port)
+        cfg = pair_config(pair, name, "none", backend, deterministic=True, port=opts.port,
+                          dummy=opts.dummy)
         with e2e.running_server(opts, cfg, name) as (url, r0):
             if r0["ready_seconds"]:
                 r0["outputs"] = [r["output"] for r in run_requests(url, head, seeded_params,
@@ -207,7 +227,8 @@ def seeded_mode(opts, pair: Path, mode: str, backend: str, prompts: list[dict],
         rec["error"] = "the seeded no-speculation server gave no outputs"
         return rec
     name = f"seeded-{mode.replace(':', '-')}-{backend}"
-    cfg = pair_config(pair, name, mode, backend, deterministic=True, port=opts.port)
+    cfg = pair_config(pair, name, mode, backend, deterministic=True, port=opts.port,
+                      dummy=opts.dummy)
     with e2e.running_server(opts, cfg, name) as (url, r1):
         if r1["ready_seconds"]:
             r1["rows"] = run_requests(url, head, seeded_params, parallel=False)
@@ -277,7 +298,7 @@ def profile_mode(opts, pair: Path, mode: str, backend: str, prompts: list[dict],
                  steps: int) -> dict:
     """One server of ``mode``, profiled at each of PROFILE_LEVELS after a warm-up."""
     name = "profile-" + mode.replace(":", "-") + f"-{backend}"
-    cfg = pair_config(pair, name, mode, backend, port=opts.port)
+    cfg = pair_config(pair, name, mode, backend, port=opts.port, dummy=opts.dummy)
     with e2e.running_server(opts, cfg, name) as (url, rec):
         rec |= {"mode": f"profile:{mode}", "label": mode_label(mode), "backend": backend}
         if rec["ready_seconds"]:
@@ -332,6 +353,9 @@ def main(argv=None) -> int:
     ap.add_argument("--site", required=True, help="the staged site dir")
     ap.add_argument("--backend", default="triton", choices=e2e.BACKENDS)
     ap.add_argument("--port", type=int, default=e2e.PORT)
+    ap.add_argument("--dummy", action="store_true",
+                    help="random weights: --pair gets gpu_e2e's 8B-shaped Qwen3 configs and 64 "
+                    "random-id prompts if it has no prompts.jsonl (round-cost profiles)")
     ap.add_argument("--greedy-prompts", type=int, default=8)
     ap.add_argument("--seeded-prompts", type=int, default=6)
     ap.add_argument("--requests-per-level", type=int, default=4,
@@ -355,6 +379,8 @@ def main(argv=None) -> int:
             print(f"serve_pair: unknown backend {backend!r}", file=sys.stderr)
             return 2
         steps.append((m, base, backend))
+    if args.dummy and not (args.pair / "prompts.jsonl").exists():
+        write_dummy_pair(args.pair)
     if not (args.pair / "prompts.jsonl").is_file():
         print(f"serve_pair: {args.pair}/prompts.jsonl missing: run real_drafter.train first",
               file=sys.stderr)
@@ -369,6 +395,7 @@ def main(argv=None) -> int:
                     clock=e2e.Clock(args.time_budget_s))
     opts.seeded_n = args.seeded_prompts  # type: ignore[attr-defined]
     opts.port = args.port  # type: ignore[attr-defined]
+    opts.dummy = args.dummy  # type: ignore[attr-defined]
     prompts = load_prompts(args.pair)
     bprompts = bench_file(args.out, prompts)
     results: dict = {"modes": args.modes, "pair_report_sha256": None, "serve": {},
