@@ -36,11 +36,12 @@ def test_set_switch_needs_sglang(monkeypatch):
         plugin.register()
 
 
-def test_hook_table_registers_seven_around_hooks():
+def test_hook_table_registers_every_hook_once_as_around():
     reg = _Registry()
     hook_type = SimpleNamespace(AROUND="around")
     targets = hooks.register_all(reg, hook_type)
-    assert len(targets) == len(set(targets)) == 7
+    assert len(targets) == len(set(targets)) == len(hooks.HOOKS) == 8
+    assert set(hooks.HOOKS) == set(hooks.TARGETS)
     assert all(t.startswith("sglang.srt.") for t in targets)
     assert [c[0] for c in reg.calls] == targets
     assert {c[2] for c in reg.calls} == {"around"}
