@@ -63,12 +63,13 @@ def mode_label(mode: str) -> str:
 
 
 def pair_config(pair: Path, name: str, mode: str, backend: str, *,
-                deterministic: bool = False, port: int = e2e.PORT, dummy: bool = False) -> dict:
+                deterministic: bool = False, port: int = e2e.PORT, dummy: bool = False,
+                graph_max_bs: int = 32) -> dict:
     """The instance config of one mode: the pair's real weights and tokenizer (``dummy``:
     random weights and no tokenizer, for round-cost profiles where acceptance is not the
     point)."""
     algorithm, budget, adaptive = parse_mode(mode)
-    extra = ["--sampling-backend", "pytorch", "--cuda-graph-max-bs", "32",
+    extra = ["--sampling-backend", "pytorch", "--cuda-graph-max-bs", str(graph_max_bs),
              "--cuda-graph-backend-prefill", "disabled", "--dtype", "bfloat16"]
     if deterministic:
         extra.append(DETERMINISTIC)
@@ -294,15 +295,30 @@ def profile_level(url: str, out: Path, prompts: list[dict], c: int, steps: int) 
     return rec
 
 
+def timed_level(url: str, prompts: list[dict], c: int) -> dict:
+    """c requests at once without the profiler: wall ms per verify round (or decode step)."""
+    t0 = time.monotonic()
+    rows = run_requests(url, prompts[:c], None, parallel=c > 1)
+    wall = time.monotonic() - t0
+    tokens = sum(r.get("completion_tokens") or 0 for r in rows)
+    rounds = max((r.get("spec_verify_ct") or r.get("completion_tokens") or 0) for r in rows)
+    return {"concurrency": c, "wall_s": round(wall, 3), "output_tokens": tokens,
+            "tok_s": round(tokens / wall, 1) if wall else None,
+            "rounds_longest_request": rounds,
+            "ms_per_round": round(1000 * wall / rounds, 3) if rounds else None}
+
+
 def profile_mode(opts, pair: Path, mode: str, backend: str, prompts: list[dict],
                  steps: int) -> dict:
     """One server of ``mode``, profiled at each of PROFILE_LEVELS after a warm-up."""
     name = "profile-" + mode.replace(":", "-") + f"-{backend}"
-    cfg = pair_config(pair, name, mode, backend, port=opts.port, dummy=opts.dummy)
+    cfg = pair_config(pair, name, mode, backend, port=opts.port, dummy=opts.dummy,
+                      graph_max_bs=opts.graph_max_bs)
     with e2e.running_server(opts, cfg, name) as (url, rec):
         rec |= {"mode": f"profile:{mode}", "label": mode_label(mode), "backend": backend}
         if rec["ready_seconds"]:
             run_requests(url, prompts[:8], None, parallel=True)  # warm-up: graphs, JIT
+            rec["timed"] = [timed_level(url, prompts, c) for c in PROFILE_LEVELS]
             rec["levels"] = [profile_level(url, opts.out / f"{name}-c{c}", prompts, c, steps)
                              for c in PROFILE_LEVELS]
     rec["policy"] = policy_lines(opts.out / f"serve-{name}.log")
@@ -362,6 +378,9 @@ def main(argv=None) -> int:
                     help="requests per level = this x concurrency (>= 4: steady state)")
     ap.add_argument("--profile-steps", type=int, default=40,
                     help="forward steps each profile:<mode> level records")
+    ap.add_argument("--graph-max-bs", type=int, default=32,
+                    help="--cuda-graph-max-bs of profile:<mode> servers (8 covers c = 1, 8 and "
+                    "starts faster)")
     ap.add_argument("--time-budget-s", type=float, default=0)
     ap.add_argument("modes", nargs="+")
     args = ap.parse_args(argv)
@@ -396,6 +415,7 @@ def main(argv=None) -> int:
     opts.seeded_n = args.seeded_prompts  # type: ignore[attr-defined]
     opts.port = args.port  # type: ignore[attr-defined]
     opts.dummy = args.dummy  # type: ignore[attr-defined]
+    opts.graph_max_bs = args.graph_max_bs  # type: ignore[attr-defined]
     prompts = load_prompts(args.pair)
     bprompts = bench_file(args.out, prompts)
     results: dict = {"modes": args.modes, "pair_report_sha256": None, "serve": {},
@@ -446,6 +466,8 @@ def main(argv=None) -> int:
         "profile": {m: [(lv["concurrency"], {k: (lv.get("summary") or {}).get(k) for k in (
                         "wall_ms_per_step", "gpu_busy_ms_per_step", "kernels_per_step",
                         "sync_calls_per_step")}, lv.get("error")) for lv in r.get("levels", [])]
+                    + [("timed", t.get("concurrency"), t.get("ms_per_round"), t.get("tok_s"))
+                       for t in r.get("timed", [])]
                     for m, r in results["profile"].items()},
         "errors": results.get("errors", {}),
         "serve_errors": {m: r.get("error") or r.get("serve_exit_before_ready")
