@@ -27,6 +27,18 @@ let
   routerModule = { name, config, ... }: {
     options = {
       enable = mkEnableOption "this router" // { default = true; };
+      name = mkOption {
+        # limits.json's instanceName, as for instances: the name is part of a unit name.
+        type = types.strMatching limits.instanceName;
+        default = name;
+        readOnly = true;
+        defaultText = literalExpression "<the attribute name>";
+        description = ''
+          The router name (its attribute name under routers). It names the unit
+          sglang-dflash-router-<name>.service and its runtime directory, so it must match
+          the instanceName pattern of src/sglang_dflash/limits.json.
+        '';
+      };
       package = mkOption {
         type = types.package;
         default = top.package;
@@ -115,10 +127,6 @@ let
     let p = "services.sglang-dflash.routers.${name}"; in
     [
       {
-        assertion = builtins.match limits.instanceName name != null;
-        message = "${p}: the router name must match ${limits.instanceName} (it names a unit).";
-      }
-      {
         assertion = r.apiKeyFile == null
           || (lib.hasPrefix "/" r.apiKeyFile && !(lib.hasPrefix builtins.storeDir r.apiKeyFile));
         message = "${p}.apiKeyFile must be an absolute path outside the Nix store.";
@@ -195,7 +203,9 @@ in
   };
 
   config = lib.mkIf (enabled != { }) {
-    assertions = lib.concatLists (lib.mapAttrsToList routerAssertions enabled);
+    # deepSeq: the name option's type (strMatching) is checked only when the value is read.
+    assertions = lib.deepSeq (map (r: r.name) (lib.attrValues enabled))
+      (lib.concatLists (lib.mapAttrsToList routerAssertions enabled));
     systemd.services = lib.mapAttrs' mkRouter enabled;
     networking.firewall.allowedTCPPorts =
       lib.concatMap (r: lib.optional r.openFirewall r.port) (lib.attrValues enabled);

@@ -107,3 +107,22 @@ def test_router_unit_config_and_instances_agree_with_python():
 def test_assertions_name_the_option(instances, routers, fragment):
     out = evaluate(instances, routers)
     assert any(fragment in m for m in out["failedAssertions"]), out["failedAssertions"]
+
+
+def test_router_name_is_typed_by_the_validators_pattern():
+    """The router name names a unit: its option type is limits.json's instanceName (NixOS's
+    own type error, not an assertion)."""
+    from sglang_dflash.config import NAME_RE
+
+    if NIX is None or not LIB:
+        pytest.skip("nix-instantiate or SGLANG_DFLASH_NIXPKGS_LIB is absent")
+    conf = (f"{{ services.sglang-dflash.instances = {{ a = {A}; }}; "
+            'services.sglang-dflash.routers = { "r x" = { workers = [ "a" ]; }; }; }')
+    r = subprocess.run([NIX, "--eval", "--strict", "--json", str(EVAL), "--arg", "lib",
+                        f"import {LIB}/lib", "--arg", "configuration", conf],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert ("routers.\"r x\".name' is not of type `string matching the pattern "
+            f"{NAME_RE.pattern[1:-1]}'") in r.stderr, r.stderr[-2000:]
+    assert evaluate(f"{{ a = {A}; }}", '{ "r-1.b_2" = { workers = [ "a" ]; }; }')[
+        "failedAssertions"] == []
