@@ -13,7 +13,12 @@ from sglang_dflash.ddtree.walk import greedy_walk  # noqa: E402
 from sglang_dflash.sglang_overlay.adaptive import RoundMeter, path_counts  # noqa: E402
 from sglang_dflash.sglang_overlay.policy import counterfactual_accept  # noqa: E402
 from sglang_dflash.sglang_overlay.profile import HostEvent  # noqa: E402
-from sglang_dflash.sglang_overlay.verify import greedy_accept, root_accept  # noqa: E402
+from sglang_dflash.sglang_overlay.verify import (  # noqa: E402
+    RootRound,
+    build_verify_tensors,
+    greedy_accept,
+    root_accept,
+)
 
 from .test_tree import make_inputs  # noqa: E402
 from .test_walk import path_biased_predictions  # noqa: E402
@@ -94,6 +99,62 @@ def test_root_tree_is_a_plain_decode_step():
     # roots come as a column of the draft block, which is not contiguous
     block = torch.arange(3 * 16).view(3, 16)
     assert root_tree(block[:, 0], seq_lens, 15).tokens.is_contiguous()
+
+
+def _dispatched(fn):
+    """(result, aten ops dispatched): each op is at least one kernel launch on the GPU."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        out = fn()
+    return out, Count.n
+
+
+def _fields_equal(a, b):
+    for name in a._fields if hasattr(a, "_fields") else a.__dataclass_fields__:
+        x, y = getattr(a, name), getattr(b, name)
+        if isinstance(x, torch.Tensor):
+            assert x.dtype == y.dtype and torch.equal(x, y), name
+        else:
+            assert x == y, name
+
+
+def test_root_round_equals_root_tree_and_root_accept_and_costs_less():
+    """The budget-0 round's cached tensors give exactly the fresh tree and acceptance, in
+    fewer ops (a no-draft round competes with plain decoding); rounds do not leak into each
+    other through the shared tensors."""
+    rr = RootRound(3, 15, "cpu")
+    for step in range(3):
+        roots = torch.tensor([5, 9, 2]) + step
+        seq_lens = torch.tensor([4, 0, 7]) + step
+        choice = torch.tensor([[11], [12], [13]]) * (step + 1)
+        fresh_tree, n_fresh_tree = _dispatched(lambda: root_tree(roots, seq_lens, 15))
+        fresh_acc, n_fresh_acc = _dispatched(lambda: root_accept(choice, 15))
+        tree, n_tree = _dispatched(lambda: rr.tree(roots, seq_lens))
+        acc, n_acc = _dispatched(lambda: rr.accept(choice))
+        _fields_equal(tree, fresh_tree)
+        _fields_equal(acc, fresh_acc)
+        assert n_tree + n_acc <= 6 < n_fresh_tree + n_fresh_acc
+    # a column of the draft block (not contiguous) still gives contiguous tokens
+    block = torch.arange(3 * 16).view(3, 16)
+    assert rr.tree(block[:, 0], seq_lens).tokens.is_contiguous()
+
+
+def test_width_one_mask_is_all_true_without_the_scatter():
+    tree = root_tree(torch.tensor([1, 2]), torch.tensor([3, 5]), 15)
+    (vt, n) = _dispatched(lambda: build_verify_tensors(tree, torch.tensor([3, 5]), 8 + 2))
+    assert vt.custom_mask.numel() == 8 + 2 + 2 and bool(vt.custom_mask.all())
+    big = build_tree(*make_inputs(0, 2, 6, 8, "smooth")[:2], torch.tensor([1, 2]),
+                     torch.tensor([3, 5]), 7)
+    _, n_big = _dispatched(lambda: build_verify_tensors(big, torch.tensor([3, 5]), 10))
+    assert n <= 5 < n_big
 
 
 def test_meter_hands_back_rounds_in_order_with_means():

@@ -47,6 +47,8 @@ def full_mask(
         out[: int(seq_lens_sum) * width + bs * width * width].fill_(True)
     else:
         out.fill_(True)
+    if width == 1:  # a root-only tree: the root sees its prefix and itself, all True
+        return out
     base = full_mask_offsets(s, width)  # [bs]
     i = torch.arange(width, device=dev)
     row_start = base.view(bs, 1) + i.view(1, width) * (s.view(bs, 1) + width)  # [bs, W]

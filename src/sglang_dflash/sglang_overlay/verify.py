@@ -8,13 +8,14 @@ semantics) is used.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 
 from sglang_dflash.ddtree.mask import full_mask
-from sglang_dflash.ddtree.tree import DDTree
+from sglang_dflash.ddtree.tree import DDTree, root_tree
 from sglang_dflash.ddtree.walk import greedy_walk
 
 
@@ -81,6 +82,40 @@ def root_accept(choice: torch.Tensor, max_depth: int) -> Acceptance:
         torch.ones(bs, dtype=torch.int32, device=dev),
         first.view(bs),
     )
+
+
+class RootRound:
+    """A budget-0 (no-draft) round's tree and acceptance for one batch size, with every tensor
+    that does not depend on the round's tokens made once.
+
+    A no-draft round competes with plain decoding, so its own work is kept to what depends on
+    the round: the root tokens, the positions and the target's choice (two small ops instead
+    of about twenty launches per round). The shared tensors are never written downstream: the
+    walk kernel is not called for a root-only tree, compaction is skipped, the drafter's KV
+    writer and ``path_counts`` only read them, and SGLang copies ``accept_lens`` to the host.
+    Equal to ``root_tree`` + ``root_accept`` (tests/ddtree/test_adaptive_counts.py).
+    """
+
+    def __init__(self, bs: int, max_depth: int, device) -> None:
+        zeros = torch.zeros(bs, dtype=torch.long, device=device)
+        self._tree = root_tree(zeros, zeros, max_depth)
+        self._accept = root_accept(zeros.view(bs, 1), max_depth)
+        self._pad = self._accept.out_tokens[:, 1:]  # zeros [bs, L]
+        self.bs = bs
+
+    def tree(self, root_tokens: torch.Tensor, seq_lens: torch.Tensor) -> DDTree:
+        bs = self.bs
+        return dataclasses.replace(
+            self._tree,
+            tokens=root_tokens.long().reshape(bs, 1).contiguous(),
+            positions=seq_lens.long().view(bs, 1),
+        )
+
+    def accept(self, choice: torch.Tensor) -> Acceptance:
+        first = choice.reshape(self.bs, 1).long()
+        return self._accept._replace(
+            out_tokens=torch.cat([first, self._pad], dim=1), bonus=first.view(self.bs)
+        )
 
 
 def greedy_accept(

@@ -49,7 +49,7 @@ from sglang.srt.speculative.spec_utils import (
 )
 from sglang.srt.utils import is_cuda, is_hip
 
-from sglang_dflash.ddtree.tree import build_tree, root_tree, warm_up_inputs
+from sglang_dflash.ddtree.tree import build_tree, warm_up_inputs
 from sglang_dflash.sglang_overlay import adaptive as adaptive_mod
 from sglang_dflash.sglang_overlay import plant as plant_mod
 from sglang_dflash.sglang_overlay import policy as policy_mod
@@ -58,11 +58,11 @@ from sglang_dflash.sglang_overlay import settings
 from sglang_dflash.sglang_overlay import trace as trace_mod
 from sglang_dflash.sglang_overlay.draft_head import DraftTopKHead, draft_topk
 from sglang_dflash.sglang_overlay.verify import (
+    RootRound,
     build_verify_tensors,
     gather_accepted_rows,
     greedy_accept,
     per_node_targets,
-    root_accept,
     seeded_node_targets,
     use_fused_renorm,
     warm_up_renorm,
@@ -198,6 +198,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._graph_bs: list[int] = []
         self._meter = self._load_meter()
         self._budget_tensors: dict[tuple[int, int], tuple[tuple[int, ...], Any]] = {}
+        self._root_rounds: dict[int, RootRound] = {}
         self._active_budget = budget
         self._policy_rounds = 0
         self._seen_rids: set = set()  # requests a top-budget round has measured
@@ -389,6 +390,13 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                     "DDTree adaptive: budget %d (verify width %d) ready in %.1f s, graphs at "
                     "bs %s.", n, n + 1, time.monotonic() - t0, capture or "none (eager)",
                 )  # fmt: skip
+
+    def _root_round(self, bs: int) -> RootRound:
+        """The budget-0 round's constant tensors for this batch size (made on first use)."""
+        hit = self._root_rounds.get(bs)
+        if hit is None:
+            hit = self._root_rounds[bs] = RootRound(bs, self.ddtree.max_depth, self.device)
+        return hit
 
     def _padded_bs(self, bs: int) -> int:
         """The CUDA-graph batch size a batch of ``bs`` runs at (bs itself past the graphs)."""
@@ -599,7 +607,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if budget > 0:
             tree = build_tree(logp, ids, block_ids[:, 0], prefix_lens, budget)
         else:
-            tree = root_tree(block_ids[:, 0], prefix_lens, self.ddtree.max_depth)
+            root = self._root_round(bs)
+            tree = root.tree(block_ids[:, 0], prefix_lens)
         if prof is not None:
             prof.mark(2)
         verify_loc = assign_extend_cache_locs_func(
@@ -693,7 +702,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         else:
             # A root-only tree commits its one node, whose KV the verify already wrote at
             # req_to_token[prefix] (verify_loc): the compaction would copy it onto itself.
-            acc = root_accept(choice, self.ddtree.max_depth)
+            acc = root.accept(choice)
         new_seq_lens = prefix_lens + acc.commit_lens.to(prefix_lens.dtype)
         if on_publish is not None:
             on_publish(new_seq_lens)
@@ -702,14 +711,26 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         hidden = logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DDTree verify requires target hidden states, but got None.")
-        path_hidden = gather_accepted_rows(hidden, acc.accept_index)  # [bs*B, F]
-        self._append_target_hidden_to_draft_kv_by_loc(
-            target_hidden=path_hidden,
-            cache_loc=cache_loc_2d.reshape(-1),
-            cache_loc_2d=cache_loc_2d,
-            positions=positions_2d.reshape(-1),
-            commit_lens=acc.commit_lens,
-        )
+        if budget > 0:
+            path_hidden = gather_accepted_rows(hidden, acc.accept_index)  # [bs*B, F]
+            self._append_target_hidden_to_draft_kv_by_loc(
+                target_hidden=path_hidden,
+                cache_loc=cache_loc_2d.reshape(-1),
+                cache_loc_2d=cache_loc_2d,
+                positions=positions_2d.reshape(-1),
+                commit_lens=acc.commit_lens,
+            )
+        else:
+            # One committed token per request, the root's: project bs rows, not bs*B (the
+            # prefix-valid writer would drop the other B-1 rows of each request anyway).
+            loc = cache_loc_2d[:, :1].contiguous()
+            self._append_target_hidden_to_draft_kv_by_loc(
+                target_hidden=hidden[:bs],
+                cache_loc=loc.view(-1),
+                cache_loc_2d=loc,
+                positions=positions_2d[:, 0].contiguous(),
+                commit_lens=acc.commit_lens,
+            )
         logits_output.hidden_states = None
         if prof is not None:
             prof.mark(5)
