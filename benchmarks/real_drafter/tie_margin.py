@@ -1,0 +1,371 @@
+"""Tell a greedy divergence explained by bf16 numerics from a real losslessness bug.
+
+``serve_pair``'s greedy outputs differ across modes on the trained pair (stock DFLASH too):
+verify widths and batch shapes round bf16 differently, and near-tied top logits flip. For every
+prompt and every mode whose output differs from the reference mode's (default ``none``,
+one-at-a-time), at the first divergent position p the common prefix (prompt + output[:p]) goes
+through the HF ``Qwen3ForCausalLM`` target in float32 and in bfloat16 (as served). With a =
+the reference's token, b = the mode's:
+
+- ``gap`` = |l32[a] - l32[b]|, the fp32 logit gap of the two tokens;
+- ``eps`` = max over the fp32 top-8 tokens of |l_bf16 - l_32|: the bf16 computation's own
+  error on this prefix;
+- verdict ``numerics`` when gap <= 2 * eps (the two tokens are within bf16's error of each
+  other, either may win), else ``mismatch`` (a length difference is a ``mismatch`` too).
+
+Run from the repo root (on the GPU host: ``PYTHONPATH=/root/site:src:benchmarks``)::
+
+    PYTHONPATH=src:benchmarks python3 -m real_drafter.tie_margin --pair /root/pair \\
+        --results /root/sA/results.json --out /root/tie.json --device cuda
+
+Compared: every served mode's ``greedy`` (one at a time) and ``greedy_parallel`` (all at once)
+outputs, the reference's own ``greedy_parallel`` included, against the reference's ``greedy``.
+Identical prefixes are forwarded once. Exit 0 whether or not every divergence is explained
+(``summary.lossless_explained`` says), 2 with one line on stderr for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+KINDS = ("greedy", "greedy_parallel")
+TOP_EPS = 8  # eps is measured over the fp32 top-8 tokens
+VERDICTS = ("identical", "numerics", "mismatch")
+
+
+class InputError(Exception):
+    """Bad command-line input: reported as one line, exit status 2."""
+
+
+# ---- pure decisions ------------------------------------------------------------------------
+
+
+def first_divergence(ref: Sequence[int], out: Sequence[int]) -> int | None:
+    """The first index where the outputs differ; the shorter length if one is a proper prefix
+    of the other; None when identical."""
+    for i, (x, y) in enumerate(zip(ref, out, strict=False)):
+        if x != y:
+            return i
+    return None if len(ref) == len(out) else min(len(ref), len(out))
+
+
+def verdict(l32_a: float, l32_b: float, eps: float) -> str:
+    """``numerics`` when the fp32 gap of the two tokens is within twice the bf16 error bound
+    (each side's bf16 logit may be off by eps), else ``mismatch``."""
+    return "numerics" if abs(l32_a - l32_b) <= 2.0 * eps else "mismatch"
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """One (mode, kind, prompt) whose output differs from the reference's."""
+
+    mode: str
+    backend: str
+    kind: str
+    prompt: int
+    position: int
+    prefix: tuple[int, ...]  # prompt ids + the common output prefix
+    a: int | None  # the reference's token at position (None: its output ended)
+    b: int | None  # the mode's token at position
+
+
+@dataclass(frozen=True)
+class Logits:
+    """What the two forwards say about one prefix (full-vocabulary fp32 and bf16 rows)."""
+
+    l32: list[float]
+    l16: list[float]
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One divergence with its fp32/bf16 evidence and verdict."""
+
+    mode: str
+    backend: str
+    kind: str
+    prompt: int
+    position: int
+    prefix_len: int
+    a: int | None
+    b: int | None
+    l32_a: float | None
+    l32_b: float | None
+    gap: float | None
+    argmax32: int
+    top2_margin32: float
+    argmax16: int
+    eps: float
+    a_is_argmax32: bool
+    b_is_argmax32: bool
+    rank32_a: int | None
+    rank32_b: int | None
+    verdict: str
+
+
+def judge(d: Divergence, lg: Logits) -> Judged:
+    """The verdict of one divergence from its prefix's logits (pure)."""
+    l32, l16 = lg.l32, lg.l16
+    order = sorted(range(len(l32)), key=lambda i: -l32[i])
+    top = order[:TOP_EPS]
+    eps = max(abs(l16[i] - l32[i]) for i in top)
+    argmax32, argmax16 = order[0], max(range(len(l16)), key=lambda i: l16[i])
+    margin = l32[order[0]] - l32[order[1]] if len(order) > 1 else float("inf")
+
+    def rank(t: int | None) -> int | None:
+        return None if t is None else sum(1 for v in l32 if v > l32[t])
+
+    la = None if d.a is None else l32[d.a]
+    lb = None if d.b is None else l32[d.b]
+    if la is None or lb is None:
+        gap, v = None, "mismatch"  # one output is shorter: no tie explains that
+    else:
+        gap, v = abs(la - lb), verdict(la, lb, eps)
+    return Judged(
+        mode=d.mode,
+        backend=d.backend,
+        kind=d.kind,
+        prompt=d.prompt,
+        position=d.position,
+        prefix_len=len(d.prefix),
+        a=d.a,
+        b=d.b,
+        l32_a=la,
+        l32_b=lb,
+        gap=gap,
+        argmax32=argmax32,
+        top2_margin32=margin,
+        argmax16=argmax16,
+        eps=eps,
+        a_is_argmax32=d.a == argmax32,
+        b_is_argmax32=d.b == argmax32,
+        rank32_a=rank(d.a),
+        rank32_b=rank(d.b),
+        verdict=v,
+    )
+
+
+def _reference_record(serve: dict, reference: str, backend: str) -> tuple[str, dict] | None:
+    """The reference mode's record for ``backend``: a key or mode equal to ``reference``
+    (``none``, ``none@flashinfer``) or its label; the same backend preferred."""
+    cands = [
+        (k, r)
+        for k, r in serve.items()
+        if r.get("greedy") and reference in (k, r.get("mode"), r.get("label"))
+    ]
+    same = [c for c in cands if c[1].get("backend") == backend]
+    return (same or cands or [None])[0]
+
+
+def find_divergences(
+    results: dict, prompts: list[list[int]], reference: str
+) -> tuple[list[Divergence], dict[str, dict[str, dict[str, int]]]]:
+    """Every divergence from the reference's one-at-a-time outputs, and per mode and kind the
+    count of identical outputs (pure). ValueError when no served mode matches ``reference``."""
+    serve = {k: r for k, r in results.get("serve", {}).items() if isinstance(r, dict)}
+    if not any(reference in (k, r.get("mode"), r.get("label")) for k, r in serve.items()):
+        known = ", ".join(sorted(serve)) or "none served"
+        raise ValueError(f"unknown reference mode {reference!r} (served: {known})")
+    divs: list[Divergence] = []
+    identical: dict[str, dict[str, int]] = {}
+    for key, rec in serve.items():
+        ref = _reference_record(serve, reference, rec.get("backend", ""))
+        if ref is None:
+            raise ValueError(f"reference mode {reference!r} has no greedy outputs")
+        ref_key, ref_rec = ref
+        ref_out = [x["output"] for x in ref_rec["greedy"]]
+        for kind in KINDS:
+            if (key == ref_key and kind == "greedy") or not rec.get(kind):
+                continue
+            counts = 0
+            for i, (r_out, row) in enumerate(zip(ref_out, rec[kind], strict=False)):
+                if i >= len(prompts):
+                    raise ValueError(
+                        f"{key} {kind} has output {i} but prompts.jsonl only {len(prompts)} prompts"
+                    )
+                out = row["output"]
+                p = first_divergence(r_out, out)
+                if p is None:
+                    counts += 1
+                    continue
+                divs.append(
+                    Divergence(
+                        mode=key,
+                        backend=rec.get("backend", ""),
+                        kind=kind,
+                        prompt=i,
+                        position=p,
+                        prefix=tuple(prompts[i]) + tuple(r_out[:p]),
+                        a=r_out[p] if p < len(r_out) else None,
+                        b=out[p] if p < len(out) else None,
+                    )
+                )
+            identical.setdefault(key, {})[kind] = counts
+    return divs, identical
+
+
+def summarise(judged: list[Judged], identical: dict[str, dict[str, int]]) -> dict:
+    """Per mode and kind: identical / numerics / mismatch counts; ``lossless_explained``."""
+    per: dict[str, dict[str, dict[str, int]]] = {
+        m: {k: {"identical": n, "numerics": 0, "mismatch": 0} for k, n in kinds.items()}
+        for m, kinds in identical.items()
+    }
+    for j in judged:
+        per[j.mode][j.kind][j.verdict] += 1
+    mismatches = sum(c["mismatch"] for kinds in per.values() for c in kinds.values())
+    return {
+        "per_mode": per,
+        "divergences": len(judged),
+        "mismatches": mismatches,
+        "lossless_explained": mismatches == 0,
+    }
+
+
+# ---- the forwards --------------------------------------------------------------------------
+
+
+def load_targets(target_dir: Path, device: str):
+    """The served target in float32 and in bfloat16 (the checkpoint is bf16: the fp32 copy is
+    its exact upcast)."""
+    import copy
+
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    m = Qwen3ForCausalLM.from_pretrained(str(target_dir))
+    m32 = m.to(device=device, dtype=torch.float32).eval()
+    m16 = copy.deepcopy(m32).to(torch.bfloat16).eval()
+    return m32, m16
+
+
+def next_logits(
+    model, prefixes: list[tuple[int, ...]], device: str, batch: int
+) -> list[list[float]]:
+    """Next-token logits (as fp32 lists) after each prefix. Right-padded batches of similar
+    lengths: with causal attention a row's last real position never sees the padding; only
+    that position goes through the lm_head."""
+    import torch
+
+    out: list[list[float] | None] = [None] * len(prefixes)
+    order = sorted(range(len(prefixes)), key=lambda i: len(prefixes[i]))
+    with torch.no_grad():
+        for s in range(0, len(order), batch):
+            idx = order[s : s + batch]
+            width = max(len(prefixes[i]) for i in idx)
+            ids = torch.zeros((len(idx), width), dtype=torch.long)
+            for r, i in enumerate(idx):
+                ids[r, : len(prefixes[i])] = torch.tensor(prefixes[i])
+            ids = ids.to(device)
+            h = model.model(input_ids=ids, use_cache=False).last_hidden_state
+            last = torch.tensor([len(prefixes[i]) - 1 for i in idx], device=device)
+            rows = model.lm_head(h[torch.arange(len(idx), device=device), last])
+            for r, i in enumerate(idx):
+                out[i] = rows[r].float().cpu().tolist()
+    return out  # type: ignore[return-value]
+
+
+def evidence(
+    target_dir: Path, prefixes: list[tuple[int, ...]], device: str, batch: int
+) -> dict[tuple[int, ...], Logits]:
+    m32, m16 = load_targets(target_dir, device)
+    l32 = next_logits(m32, prefixes, device, batch)
+    l16 = next_logits(m16, prefixes, device, batch)
+    return {p: Logits(a, b) for p, a, b in zip(prefixes, l32, l16, strict=True)}
+
+
+# ---- CLI -----------------------------------------------------------------------------------
+
+
+def _read_inputs(pair: Path, results_path: Path) -> tuple[dict, list[list[int]]]:
+    if not (pair / "target" / "config.json").is_file():
+        raise InputError(f"{pair}/target/config.json missing: not a real_drafter.train pair")
+    if not (pair / "prompts.jsonl").is_file():
+        raise InputError(f"{pair}/prompts.jsonl missing: not a real_drafter.train pair")
+    if not results_path.is_file():
+        raise InputError(f"{results_path}: no such results file (serve_pair's results.json)")
+    try:
+        results = json.loads(results_path.read_text())
+        prompts = [
+            json.loads(line)["input_ids"]
+            for line in (pair / "prompts.jsonl").read_text().splitlines()
+            if line.strip()
+        ]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise InputError(f"unreadable input: {type(exc).__name__}: {exc}") from None
+    if not isinstance(results, dict) or not isinstance(results.get("serve"), dict):
+        raise InputError(f"{results_path}: no 'serve' object (not serve_pair's results.json)")
+    return results, prompts
+
+
+def run(args) -> dict:
+    results, prompts = _read_inputs(args.pair, args.results)
+    if args.device is None:
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        divs, identical = find_divergences(results, prompts, args.reference)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    prefixes = list(dict.fromkeys(d.prefix for d in divs))
+    t0 = time.perf_counter()
+    ev = evidence(args.pair / "target", prefixes, args.device, args.batch) if prefixes else {}
+    seconds = time.perf_counter() - t0
+    judged = [judge(d, ev[d.prefix]) for d in divs]
+    rep = {
+        "pair": str(args.pair),
+        "results": str(args.results),
+        "reference": args.reference,
+        "device": args.device,
+        "top_eps": TOP_EPS,
+        "rule": "numerics iff gap <= 2 * eps",
+        "summary": summarise(judged, identical)
+        | {"forwards": len(prefixes), "forward_seconds": round(seconds, 2)},
+        "divergences": [asdict(j) for j in judged],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(rep, indent=1))
+    return rep
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pair", type=Path, required=True, help="real_drafter.train's --out")
+    ap.add_argument("--results", type=Path, required=True, help="serve_pair's results.json")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    ap.add_argument(
+        "--reference",
+        default="none",
+        help="the mode every other is compared with (key, mode or label)",
+    )
+    ap.add_argument("--batch", type=int, default=8, help="prefixes per forward")
+    args = ap.parse_args(argv)
+    try:
+        rep = run(args)
+    except InputError as exc:
+        print(f"tie_margin: {exc}", file=sys.stderr)
+        return 2
+    s = rep["summary"]
+    print(
+        json.dumps(
+            {
+                "lossless_explained": s["lossless_explained"],
+                "divergences": s["divergences"],
+                "mismatches": s["mismatches"],
+                "per_mode": s["per_mode"],
+                "forward_seconds": s["forward_seconds"],
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
