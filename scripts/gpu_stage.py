@@ -473,6 +473,7 @@ def make_plan(
     pinned: set[str] = frozenset(),
     ship: set[str] = frozenset(),
     requires: dict[str, list[str]] | None = None,
+    extras: tuple[str, ...] = (EXTRA,),
 ) -> Plan:
     """What ships and what does not (with a reason for each package left out).
 
@@ -480,7 +481,7 @@ def make_plan(
     `requires` (name -> Requires-Dist) should hold every package that ships, else its exact
     pins are not seen: stage() loops until it does.
     """
-    roots = project_roots(packages)
+    roots = tuple(d for e in dict.fromkeys(extras) for d in project_roots(packages, e))
     full = closure(packages, roots, env)
     rules = host_provided(packages, env)
     rules.update(
@@ -778,6 +779,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="NAME",
         help="ship a package the host also has, at the locked version (repeatable)",
     )
+    ap.add_argument(
+        "--extra",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=f"also stage this extra of {PROJECT} besides `gpu` (e.g. `router`: smg, for "
+        "benchmarks/router_pair; repeatable)",
+    )
     ap.add_argument("--gzip-level", type=int, default=6)
     ap.add_argument("--plan-only", action="store_true", help="print the plan as JSON and stop")
     return ap.parse_args(argv)
@@ -812,7 +821,8 @@ def plan_with_host(
     pinned = read_pinned(args.repo)
     requires: dict[str, list[str]] = {}
     while True:
-        plan = make_plan(packages, target, HOST_ENV, keep, host, pinned, ship, requires)
+        plan = make_plan(packages, target, HOST_ENV, keep, host, pinned, ship, requires,
+                         extras=(EXTRA, *args.extra))
         todo = [s for s in plan.selected if s.name not in requires]
         if not todo or not any(d.action == "host" for d in plan.host_decisions):
             return plan  # nothing left to the host: no requirement can change that
@@ -838,7 +848,7 @@ def stage(args: argparse.Namespace) -> dict:
     keep = {normalize(k) for k in args.keep}
     args.cache.mkdir(parents=True, exist_ok=True)
     if args.no_host_packages:
-        plan = make_plan(packages, target, HOST_ENV, keep)
+        plan = make_plan(packages, target, HOST_ENV, keep, extras=(EXTRA, *args.extra))
     else:
         plan = plan_with_host(args, packages, target, keep)
     if args.plan_only:

@@ -101,7 +101,7 @@ def test_root_tree_is_a_plain_decode_step():
     assert root_tree(block[:, 0], seq_lens, 15).tokens.is_contiguous()
 
 
-def _dispatched(fn):
+def _dispatched(fn, *args):
     """(result, aten ops dispatched): each op is at least one kernel launch on the GPU."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -113,7 +113,7 @@ def _dispatched(fn):
             return func(*args, **(kwargs or {}))
 
     with Count():
-        out = fn()
+        out = fn(*args)
     return out, Count.n
 
 
@@ -135,10 +135,10 @@ def test_root_round_equals_root_tree_and_root_accept_and_costs_less():
         roots = torch.tensor([5, 9, 2]) + step
         seq_lens = torch.tensor([4, 0, 7]) + step
         choice = torch.tensor([[11], [12], [13]]) * (step + 1)
-        fresh_tree, n_fresh_tree = _dispatched(lambda: root_tree(roots, seq_lens, 15))
-        fresh_acc, n_fresh_acc = _dispatched(lambda: root_accept(choice, 15))
-        tree, n_tree = _dispatched(lambda: rr.tree(roots, seq_lens))
-        acc, n_acc = _dispatched(lambda: rr.accept(choice))
+        fresh_tree, n_fresh_tree = _dispatched(root_tree, roots, seq_lens, 15)
+        fresh_acc, n_fresh_acc = _dispatched(root_accept, choice, 15)
+        tree, n_tree = _dispatched(rr.tree, roots, seq_lens)
+        acc, n_acc = _dispatched(rr.accept, choice)
         _fields_equal(tree, fresh_tree)
         _fields_equal(acc, fresh_acc)
         assert n_tree + n_acc <= 6 < n_fresh_tree + n_fresh_acc
@@ -149,11 +149,11 @@ def test_root_round_equals_root_tree_and_root_accept_and_costs_less():
 
 def test_width_one_mask_is_all_true_without_the_scatter():
     tree = root_tree(torch.tensor([1, 2]), torch.tensor([3, 5]), 15)
-    (vt, n) = _dispatched(lambda: build_verify_tensors(tree, torch.tensor([3, 5]), 8 + 2))
+    vt, n = _dispatched(build_verify_tensors, tree, torch.tensor([3, 5]), 8 + 2)
     assert vt.custom_mask.numel() == 8 + 2 + 2 and bool(vt.custom_mask.all())
     big = build_tree(*make_inputs(0, 2, 6, 8, "smooth")[:2], torch.tensor([1, 2]),
                      torch.tensor([3, 5]), 7)
-    _, n_big = _dispatched(lambda: build_verify_tensors(big, torch.tensor([3, 5]), 10))
+    _, n_big = _dispatched(build_verify_tensors, big, torch.tensor([3, 5]), 10)
     assert n <= 5 < n_big
 
 

@@ -203,3 +203,15 @@ def test_packages_only_needed_by_excluded_ones_are_left_out_and_say_why(packages
 def test_a_lock_without_the_project_is_a_stage_error():
     with pytest.raises(gs.StageError, match="no sglang-dflash"):
         gs.project_roots(gs.parse_lock('version = 1\n[[package]]\nname = "x"\nversion = "1"\n'))
+
+
+def test_extra_router_stages_smg_with_the_gpu_stack(packages, plan):
+    """`--extra router` adds smg (benchmarks/router_pair runs the router on the GPU host);
+    an extra the lock does not have is a one-line StageError."""
+    names = {s.name for s in plan.selected}
+    assert "smg" not in names
+    both = gs.make_plan(packages, TARGET, gs.HOST_ENV, extras=("gpu", "router"))
+    both_names = {s.name for s in both.selected}
+    assert "smg" in both_names and names <= both_names
+    with pytest.raises(gs.StageError, match=r"no sglang-dflash\[bogus\]"):
+        gs.make_plan(packages, TARGET, gs.HOST_ENV, extras=("gpu", "bogus"))
