@@ -83,7 +83,7 @@ def test_sync_rewrites_only_the_generated_block():
 
 def test_missing_pin_table_is_named():
     with pytest.raises(KeyError, match="cuda"):
-        parse_pins('[python]\npackage = "3.12"\ncli_min = "3.11"\n[distributions]\n')
+        parse_pins('[python]\npackage = "3.12"\ncli_min = "3.11"\nmax = "3.12"\n[distributions]\n')
 
 
 def test_pyproject_router_extra_is_generated_from_pins():

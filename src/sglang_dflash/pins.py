@@ -24,6 +24,7 @@ class Pins:
 
     python_package: str
     python_cli_min: str
+    python_max: str
     cuda_version: str
     driver_min: str
     driver_api_min: int
@@ -42,6 +43,7 @@ def parse_pins(text: str) -> Pins:
     return Pins(
         python_package=data["python"]["package"],
         python_cli_min=data["python"]["cli_min"],
+        python_max=data["python"]["max"],
         cuda_version=data["cuda"]["version"],
         driver_min=str(data["cuda"]["driver_min"]),
         driver_api_min=int(data["cuda"]["driver_api_min"]),
@@ -57,9 +59,22 @@ def load_pins() -> Pins:
 
 
 def gpu_requirements(pins: Pins) -> list[str]:
-    """The `gpu` extra: every pinned distribution, for the package's Python only."""
-    marker = f"python_version == '{pins.python_package}'"
-    return [f"{dist}=={ver}; {marker}" for dist, ver in pins.distributions.items()]
+    """The `gpu` extra: every pinned distribution, unmarked. requires-python bounds the
+    package to the Pythons sglang ships wheels for, so the extra installs wherever the package
+    does, and refuses (loudly, in pip and uv) where it does not."""
+    return [f"{dist}=={ver}" for dist, ver in pins.distributions.items()]
+
+
+def python_versions(pins: Pins) -> list[str]:
+    """Every CPython minor the package (and its gpu extra) installs on, oldest first."""
+    lo, hi = (int(v.split(".")[1]) for v in (pins.python_cli_min, pins.python_max))
+    return [f"3.{m}" for m in range(lo, hi + 1)]
+
+
+def requires_python(pins: Pins) -> str:
+    """pyproject's requires-python, as uv.lock records it."""
+    major, minor = pins.python_max.split(".")
+    return f">={pins.python_cli_min}, <{major}.{int(minor) + 1}"
 
 
 def render_gpu_block(pins: Pins) -> str:

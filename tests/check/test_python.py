@@ -8,6 +8,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from sglang_dflash.check.abi import check_python
 from sglang_dflash.pins import load_pins
 from tests.check.fakes import on_pinned_python, pinned_stack, run_check
@@ -20,23 +22,30 @@ WANT = tuple(int(x) for x in PINS.python_package.split("."))
 def test_the_pinned_python_passes():
     r = check_python((*WANT, 3), PINS, stack_installed=True)
     assert (r.status, r.name, r.layer) == ("PASS", "python", "abi")
-    assert r.found == f"Python {PINS.python_package}.3 is the GPU stack's pinned Python 3.12"
+    assert r.found == (f"Python {PINS.python_package}.3 is the GPU stack's pinned Python 3.12 "
+                       "(the Nix package's and the GPU hosts')")
 
 
-def test_another_python_without_the_stack_says_the_extra_installed_nothing():
-    r = check_python((3, 11, 7), PINS, stack_installed=False)
+@pytest.mark.parametrize("version", [(3, 11, 7)])
+def test_every_python_the_lock_resolves_passes_and_names_the_tested_one(version):
+    r = check_python(version, PINS, stack_installed=True)
+    assert r.status == "PASS"
+    assert r.found == (f"Python {'.'.join(map(str, version))}: uv.lock resolves the gpu extra "
+                       "for Python 3.11-3.12 and it installs here; the Nix package and the GPU "
+                       "hosts run 3.12")
+
+
+@pytest.mark.parametrize(("version", "stack", "tail"), [
+    ((3, 13, 0), False, "pip and uv refuse to install the package here"),
+    ((3, 10, 13), True, "this stack was not installed from uv.lock"),
+])
+def test_a_python_outside_requires_python_fails(version, stack, tail):
+    r = check_python(version, PINS, stack_installed=stack)
     assert r.status == "FAIL"
-    assert r.found == ("Python 3.11.7 runs this, but the gpu extra installs only on Python 3.12 "
-                       "(its marker: python_version == '3.12'): on 3.11 `uv sync --extra gpu` "
-                       "installs no torch and no sglang")
+    assert r.found == (f"Python {'.'.join(map(str, version))} runs this, but the package and "
+                       "its gpu extra are for Python 3.11-3.12 only (requires-python >=3.11, "
+                       f"<3.13): {tail}")
     assert "`uv sync --extra gpu --frozen --python 3.12`" in r.fix
-
-
-def test_another_python_with_a_stack_installed_otherwise_fails_too():
-    r = check_python((3, 13, 1), PINS, stack_installed=True)
-    assert r.status == "FAIL"
-    assert r.found.startswith("Python 3.13.1 runs this, but the GPU stack is locked and tested "
-                              "for Python 3.12 only")
 
 
 def test_the_line_on_this_interpreter(tmp_path):
@@ -58,14 +67,24 @@ def _package(lock: dict, name: str) -> dict:
     return pkg
 
 
-def test_uv_lock_admits_the_gpu_extra_on_the_pinned_python_only():
-    own = _package(_lock(), "sglang-dflash")
+def test_uv_lock_resolves_the_gpu_extra_for_every_python_requires_python_admits():
+    """requires-python comes from the pins, uv.lock records it, and the gpu extra carries no
+    marker: it installs wherever the package installs (3.11 was installed with
+    `uv sync --extra gpu --frozen` and passed `check --offline`: docs/nix.md)."""
+    from sglang_dflash.pins import python_versions, requires_python
+
+    lock = _lock()
+    assert lock["requires-python"] == requires_python(PINS) == ">=3.11, <3.13"
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert pyproject["project"]["requires-python"].replace(" ", "") == ">=3.11,<3.13"
+    own = _package(lock, "sglang-dflash")
     gpu = own["optional-dependencies"]["gpu"]
     assert {d["name"] for d in gpu} == set(PINS.distributions)
-    assert {d["marker"] for d in gpu} == {f"python_full_version == '{PINS.python_package}.*'"}
-    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    assert all(r.endswith(f"; python_version == '{PINS.python_package}'")
-               for r in pyproject["project"]["optional-dependencies"]["gpu"])
+    assert all("marker" not in d for d in gpu)
+    assert all(";" not in r for r in pyproject["project"]["optional-dependencies"]["gpu"])
+    # sglang has a wheel for each of those Pythons in the lock
+    assert _cp_tags(_package(lock, "sglang")) == [
+        "cp" + v.replace(".", "") for v in python_versions(PINS)]
 
 
 def _cp_tags(pkg: dict) -> list[str]:
@@ -86,5 +105,5 @@ def test_readme_names_exactly_the_sglang_wheels_uv_lock_holds():
     assert m.group(1) == PINS.version("sglang")
     listed = [t.strip() for t in m.group(2).split(",")] + [m.group(3)]
     assert listed == tags, (listed, tags)
-    assert f"python_version == '{PINS.python_package}'" in row
+    assert "requires-python `>=3.11,<3.13`" in row
     assert "abi.python" in row

@@ -21,7 +21,7 @@ from pathlib import Path
 from sglang_dflash.check.driver_msgs import explain_driver_message
 from sglang_dflash.check.finder import find_spec_in
 from sglang_dflash.check.result import FAIL, SKIP, Result, failed, passed, skipped
-from sglang_dflash.pins import Pins, gpu_requirements
+from sglang_dflash.pins import Pins, python_versions, requires_python
 
 LAYER = "abi"
 IMPORT_TIMEOUT_S = 90.0
@@ -59,28 +59,31 @@ def read_torch_version(entries: list[str]) -> TorchInfo | None:
 
 
 def check_python(version: tuple[int, ...], pins: Pins, stack_installed: bool) -> Result:
-    """The running interpreter against the pinned GPU stack's (pins `python.package`).
+    """The running interpreter against the Pythons the package and its gpu extra install on.
 
-    The gpu extra carries the marker `python_version == '<package>'` on every requirement, so
-    on any other Python `uv sync --extra gpu` (or `pip install '.[gpu]'`) succeeds and installs
-    none of the stack. sglang 0.5.17 publishes wheels for other CPython versions too, but only
-    the pinned one is locked and tested.
+    requires-python (pins: ``python.cli_min`` .. ``python.max``, the CPythons sglang ships
+    wheels for) bounds the package, so pip and uv refuse any other Python loudly and the gpu
+    extra installs on every one inside it (uv.lock resolves it for each). The Nix package and
+    the GPU hosts run ``python.package``; the others are installed and checked on the CPU.
     """
     found = ".".join(str(v) for v in version[:3])
     minor = ".".join(str(v) for v in version[:2])
-    want = pins.python_package
+    want, supported = pins.python_package, python_versions(pins)
+    span = f"{supported[0]}-{supported[-1]}"
     if minor == want:
-        return passed(LAYER, "python", f"Python {found} is the GPU stack's pinned Python {want}")
-    marker = gpu_requirements(pins)[0].split(";", 1)[1].strip()
-    fix = (f"run it on Python {want}: `uv sync --extra gpu --frozen --python {want}`, "
-           "or the Nix package (`nix build .#sglang-dflash`)")
-    if stack_installed:
-        return failed(LAYER, "python", f"Python {found} runs this, but the GPU stack is locked "
-                      f"and tested for Python {want} only (the gpu extra's marker: {marker}); "
-                      "the stack here was not installed from uv.lock", fix)
-    return failed(LAYER, "python", f"Python {found} runs this, but the gpu extra installs only on "
-                  f"Python {want} (its marker: {marker}): on {minor} `uv sync --extra gpu` "
-                  "installs no torch and no sglang", fix)
+        return passed(LAYER, "python", f"Python {found} is the GPU stack's pinned Python {want} "
+                      "(the Nix package's and the GPU hosts')")
+    if minor in supported:
+        return passed(LAYER, "python", f"Python {found}: uv.lock resolves the gpu extra for "
+                      f"Python {span} and it installs here; the Nix package and the GPU hosts "
+                      f"run {want}")
+    fix = (f"use Python {span}: `uv sync --extra gpu --frozen --python {want}`, or the Nix "
+           "package (`nix build .#sglang-dflash`)")
+    where = "this stack was not installed from uv.lock" if stack_installed else (
+        "pip and uv refuse to install the package here")
+    return failed(LAYER, "python", f"Python {found} runs this, but the package and its gpu extra "
+                  f"are for Python {span} only (requires-python {requires_python(pins)}): "
+                  f"{where}", fix)
 
 
 def check_torch(info: TorchInfo | None, pins: Pins) -> Result:
