@@ -21,6 +21,19 @@ let
   wildcardHosts = [ "0.0.0.0" "::" ];
   nnodesOf = i: if i.multiNode == null then 1 else i.multiNode.nnodes;
 
+  # Models fetched ahead (issue 17; sglang_dflash.config is_local_model / default_offline):
+  # a local directory is absolute or ./-relative, anything else is a hub id; a pinned
+  # revision is a 40-hex commit. The draft counts only when the instance speculates.
+  isLocal = m: lib.hasPrefix "/" m || lib.hasPrefix "./" m || lib.hasPrefix "../" m
+    || m == "." || m == "..";
+  isPinned = r: r != null && builtins.match "[0-9a-f]{40}" r != null;
+  modelsOf = i: [ { key = "model"; m = i.model; r = i.modelRevision; } ]
+    ++ lib.optional (i.algorithm != "none" && i.draftModel != null)
+      { key = "draftModel"; m = i.draftModel; r = i.draftModelRevision; };
+  hubModelsOf = i: lib.filter (x: !(isLocal x.m)) (modelsOf i);
+  offlineOf = i: if i.offline != null then i.offline
+    else lib.all (x: isLocal x.m || isPinned x.r) (modelsOf i);
+
   instanceModule = { name, config, ... }: {
     options = {
       enable = mkEnableOption "this SGLang DFlash/DDTree instance" // { default = true; };
@@ -69,6 +82,28 @@ let
         type = types.nullOr types.str;
         default = null;
         description = "Hub revision of draftModel.";
+      };
+      offline = mkOption {
+        type = types.nullOr types.bool;
+        default = null;
+        description = ''
+          Serve with HF_HUB_OFFLINE=1: every model is a local directory or a hub id pinned to
+          a commit (modelRevision / draftModelRevision = 40 hex digits), fetched ahead into
+          the instance's cache by sglang-dflash-<name>-models.service (fetchModels). null:
+          offline exactly when every model is local or pinned; true with an unpinned hub id
+          fails evaluation. See docs/service.md, "Models offline".
+        '';
+      };
+      fetchModels = mkOption {
+        type = types.bool;
+        default = offlineOf config && hubModelsOf config != [ ];
+        defaultText = literalExpression "offline && <a model or draftModel is a hub id>";
+        description = ''
+          Run sglang-dflash-<name>-models.service (a oneshot: `sglang-dflash fetch-models`,
+          bounded retries, network allowed, no GPU) before the server, which Requires= and is
+          After= it. The snapshots land in /var/cache/sglang-dflash-<name>/huggingface/hub,
+          which survives restarts; a present snapshot is not fetched again.
+        '';
       };
 
       algorithm = mkOption {
@@ -285,7 +320,7 @@ let
         host port gpus tensorParallelSize memFractionStatic attentionBackend
         draftAttentionBackend contextLength maxRunningRequests servedModelName apiKeyFile
         environment extraArgs preflight startTimeout loadFormat draftLoadFormat
-        skipTokenizerInit multiNode;
+        skipTokenizerInit multiNode offline;
       metrics = { inherit (config.metrics) enable; };
       ddtree = { inherit (config.ddtree) budget policy; };
       cacheDir = "/var/cache/sglang-dflash-${config.name}";
@@ -374,6 +409,16 @@ let
           + "the unit's PrivateTmp/ProtectHome hide them from the service, which could never start.";
       }
       {
+        assertion = !(i.offline == true) || lib.all (x: isPinned x.r) (hubModelsOf i);
+        message = "${p}.offline = true needs every hub model pinned to a commit (40 hex digits): "
+          + lib.concatMapStringsSep ", " (x: "${x.key}Revision of ${x.m}")
+            (lib.filter (x: !(isPinned x.r)) (hubModelsOf i)) + ".";
+      }
+      {
+        assertion = !(i.environment ? HF_HUB_OFFLINE);
+        message = "${p}.environment: set offline, not HF_HUB_OFFLINE.";
+      }
+      {
         assertion = !(hasFlag [ "--config" ] i);
         message = "${p}.extraArgs: --config is reserved for serve (it carries the API key).";
       }
@@ -425,10 +470,24 @@ let
             HOME="$(mktemp -d)" sglang-dflash serve --config "$out" --print-argv > /dev/null
           '';
       sub = "sglang-dflash-${name}"; # one flat directory per instance, no shared parent
+      loader = "sglang-dflash-${name}-models.service";
+      dirs = {
+        StateDirectory = sub;
+        CacheDirectory = sub;
+        StateDirectoryMode = "0700";
+        CacheDirectoryMode = "0700";
+        WorkingDirectory = "/var/lib/${sub}";
+      };
+      account = lib.optionalAttrs (i.user != null) {
+        User = i.user;
+        Group = if i.group != null then i.group else i.user;
+      };
+      envFile = lib.optionalAttrs (i.environmentFile != null) { EnvironmentFile = escapeSpecifiers i.environmentFile; };
     in
-    lib.nameValuePair "sglang-dflash-${name}" {
+    [ (lib.nameValuePair "sglang-dflash-${name}" {
       description = "SGLang DFlash/DDTree server ${name} (${i.algorithm})";
-      after = [ "network-online.target" "nvidia-persistenced.service" ];
+      after = [ "network-online.target" "nvidia-persistenced.service" ] ++ lib.optional i.fetchModels loader;
+      requires = lib.optional i.fetchModels loader;
       wants = [ "network-online.target" ];
       wantedBy = [ "multi-user.target" ];
       unitConfig = directives shared.unit;
@@ -439,26 +498,37 @@ let
         TRITON_LIBCUDA_PATH = "/run/opengl-driver/lib";
         PYTHONUNBUFFERED = "1";
       };
-      serviceConfig = directives shared.lifecycle // directives shared.hardening // {
+      serviceConfig = directives shared.lifecycle // directives shared.hardening // dirs // {
         TimeoutStartSec = "${toString (i.startTimeout + startTimeoutMargin)}s";
         DynamicUser = i.user == null;
-        StateDirectory = sub;
-        CacheDirectory = sub;
         RuntimeDirectory = sub;
-        StateDirectoryMode = "0700";
-        CacheDirectoryMode = "0700";
         RuntimeDirectoryMode = "0700";
-        WorkingDirectory = "/var/lib/${sub}";
         ExecStart = "${exe} serve --config ${configFile}";
       }
       // lib.optionalAttrs i.preflight { ExecStartPre = "${exe} check --offline --config ${configFile}"; }
-      // lib.optionalAttrs (i.user != null) {
-        User = i.user;
-        Group = if i.group != null then i.group else i.user;
-      }
+      // account
       // lib.optionalAttrs (i.apiKeyFile != null) { LoadCredential = "api-key:${escapeSpecifiers i.apiKeyFile}"; }
-      // lib.optionalAttrs (i.environmentFile != null) { EnvironmentFile = escapeSpecifiers i.environmentFile; };
-    };
+      // envFile;
+    }) ]
+    # The model loader (like nixpkgs' ollama loadModels, but BEFORE the server): the server's
+    # user (a DynamicUser of the same name), state and cache directories; no GPU, network on.
+    # No RuntimeDirectory: systemd removes it when a unit stops, and the server's lives there.
+    ++ lib.optional i.fetchModels (lib.nameValuePair "sglang-dflash-${name}-models" {
+      description = "SGLang DFlash/DDTree models of ${name} (fetched before the server)";
+      after = [ "network-online.target" ];
+      wants = [ "network-online.target" ];
+      before = [ "sglang-dflash-${name}.service" ];
+      unitConfig = directives shared.modelsUnit;
+      environment = { HOME = "/var/lib/${sub}"; PYTHONUNBUFFERED = "1"; };
+      serviceConfig = directives shared.modelsLifecycle // directives shared.hardening
+        // directives shared.modelsHardening // dirs // {
+        DynamicUser = i.user == null;
+        ExecStart = "${exe} fetch-models --config ${configFile}";
+      }
+      // lib.optionalAttrs (i.user == null) { User = sub; }
+      // account
+      // envFile;
+    });
 
   staticUsers = lib.filter (i: i.user != null) (lib.attrValues enabled);
 in
@@ -500,7 +570,7 @@ in
       ++ lib.concatLists (lib.mapAttrsToList instanceAssertions enabled)
       ++ lib.concatLists (lib.mapAttrsToList multiNodeAssertions enabled);
 
-    systemd.services = lib.mapAttrs' mkService enabled;
+    systemd.services = lib.listToAttrs (lib.concatLists (lib.mapAttrsToList mkService enabled));
 
     networking.firewall.allowedTCPPorts =
       lib.concatMap (i: lib.optional i.openFirewall i.port) (lib.attrValues enabled)

@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "check": ("check", "verify the package, ABI, GPUs and a live server"),
     "serve": ("serve", "run one SGLang DFlash/DDTree server from a config file"),
     "unit": ("unit", "render the hardened systemd unit for a non-NixOS host"),
+    "fetch-models": ("fetch_models", "download an instance's pinned hub models before serving"),
     "router": ("router", "run SGLang's router (smg) over instances from a config"),
     "bench": ("bench", "benchmark a server or a sweep of configurations"),
     "manifest": ("manifest", "print or write the overlay manifest"),

@@ -50,6 +50,9 @@ TYPED_FLAGS = (
 )
 # host:port of rank 0's torch.distributed store: a name or IPv4 address, or a bracketed IPv6 one.
 DIST_ADDR_RE = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]*):([0-9]{1,5})$")
+# A pinned Hugging Face revision: a full commit hash (branches and tags move).
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+HF_OFFLINE_ENV = "HF_HUB_OFFLINE"
 
 
 class ConfigError(UserError, ValueError):
@@ -106,10 +109,35 @@ class InstanceConfig:
     cache_dir: str | None = None
     metrics_enable: bool = False
     multi_node: MultiNodeConfig | None = None
+    # SGLang runs with HF_HUB_OFFLINE=1: every model is a local directory or a pinned
+    # snapshot fetched ahead (`sglang-dflash fetch-models`); see default_offline
+    offline: bool = False
 
     @property
     def speculative(self) -> bool:
         return self.algorithm != "none"
+
+    def models(self) -> tuple[tuple[str, str, str | None], ...]:
+        """(key, model, revision) of every model SGLang loads: the target, and the draft
+        when speculating (a draftModel of an algorithm "none" instance is never loaded)."""
+        out = [("model", self.model, self.model_revision)]
+        if self.speculative and self.draft_model:
+            out.append(("draftModel", self.draft_model, self.draft_model_revision))
+        return tuple(out)
+
+
+def is_local_model(model: str) -> bool:
+    """A local directory (absolute, or ./ ../ relative) rather than a Hugging Face hub id."""
+    return model.startswith(("/", "./", "../")) or model in (".", "..")
+
+
+def is_pinned(revision: str | None) -> bool:
+    return revision is not None and COMMIT_RE.match(revision) is not None
+
+
+def default_offline(models: tuple[tuple[str, str, str | None], ...]) -> bool:
+    """Offline unless a hub id would be resolved at start (no revision, or a branch or tag)."""
+    return all(is_local_model(m) or is_pinned(rev) for _key, m, rev in models)
 
 
 # JSON key -> (python type(s), nullable). Order is the documented order.
@@ -137,6 +165,7 @@ _SCALARS: dict[str, tuple[tuple[type, ...], bool]] = {
     "draftLoadFormat": ((str,), True),
     "skipTokenizerInit": ((bool,), False),
     "cacheDir": ((str,), True),
+    "offline": ((bool,), True),
 }
 KNOWN_KEYS = (*_SCALARS, "ddtree", "gpus", "environment", "extraArgs", "metrics", "multiNode")
 
@@ -272,6 +301,8 @@ def _parse_environment(raw: Any) -> tuple[tuple[str, str], ...]:
         raise ConfigError(f"environment.{DDTREE_BUDGET_ENV}: set `ddtree.budget` instead")
     if DDTREE_POLICY_ENV in raw:
         raise ConfigError(f"environment.{DDTREE_POLICY_ENV}: set `ddtree.policy` instead")
+    if HF_OFFLINE_ENV in raw:
+        raise ConfigError(f"environment.{HF_OFFLINE_ENV}: set `offline` instead")
     return tuple(sorted(raw.items()))
 
 
@@ -380,7 +411,17 @@ def parse_config(raw: Any) -> InstanceConfig:
     values["metrics_enable"] = _parse_metrics(raw.get("metrics"))
     values["environment"] = _parse_environment(raw.get("environment", {}))
     values["extra_args"] = _parse_extra_args(raw.get("extraArgs", []))
-    return InstanceConfig(**values)
+    cfg = InstanceConfig(**{**values, "offline": False})
+    offline = values.get("offline")
+    if offline is None:
+        offline = default_offline(cfg.models())
+    elif offline:
+        for key, model, rev in cfg.models():
+            if not is_local_model(model) and not is_pinned(rev):
+                got = f"{rev!r}, not a 40-hex commit" if rev is not None else "not set"
+                raise ConfigError(f"{key}Revision: offline serving of hub id {model!r} needs "
+                                  f"a pinned commit (40 hex digits), got {got}")
+    return InstanceConfig(**{**values, "offline": offline})
 
 
 def read_config_json(path: str | Path) -> Any:
@@ -463,8 +504,8 @@ def cache_env(cache_dir: str) -> dict[str, str]:
 def render_env(cfg: InstanceConfig) -> dict[str, str]:
     """Environment for the SGLang child, on top of the inherited one.
 
-    Order of precedence: computed cache dirs < `environment` < GPU and DDTree keys
-    (the last two cannot be set through `environment`; parse_config refuses them).
+    Order of precedence: computed cache dirs < `environment` < GPU, DDTree and offline
+    keys (those cannot be set through `environment`; parse_config refuses them).
     """
     env: dict[str, str] = cache_env(cfg.cache_dir) if cfg.cache_dir else {}
     env.update(dict(cfg.environment))
@@ -474,6 +515,8 @@ def render_env(cfg: InstanceConfig) -> dict[str, str]:
         env[DDTREE_BUDGET_ENV] = str(cfg.ddtree.budget)
         if cfg.ddtree.policy != "fixed":
             env[DDTREE_POLICY_ENV] = cfg.ddtree.policy
+    if cfg.offline:  # models are local or fetched ahead: SGLang must not reach the hub
+        env[HF_OFFLINE_ENV] = "1"
     return env
 
 

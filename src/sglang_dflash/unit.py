@@ -41,6 +41,7 @@ class UnitOptions:
     environment_file: str | None = None
     user: str | None = None
     group: str | None = None
+    fetch_models: bool = True  # an offline hub model: Requires= the loader unit
 
 
 def load_hardening() -> dict[str, Any]:
@@ -149,40 +150,81 @@ def unit_name(cfg: InstanceConfig) -> str:
     return f"sglang-dflash-{cfg.name}.service"
 
 
-def render_unit(cfg: InstanceConfig, config_path: str, opts: UnitOptions) -> str:
-    """The complete unit file text for one instance (pure); UnitError for unsafe values."""
+def models_unit_name(cfg: InstanceConfig) -> str:
+    """The model loader that runs `fetch-models` before the server (offline hub models)."""
+    return f"sglang-dflash-{cfg.name}-models.service"
+
+
+def merged_directives(base: list[dict[str, Any]], override: list[dict[str, Any]]
+                      ) -> list[dict[str, Any]]:
+    """`base` with `override`'s entries replacing those of the same key (new keys last)."""
+    by_key = {e["key"]: e for e in override}
+    have = {e["key"] for e in base}
+    return [by_key.get(e["key"], e) for e in base] + [e for e in override
+                                                       if e["key"] not in have]
+
+
+def _identity_lines(cfg: InstanceConfig, opts: UnitOptions, loader: bool = False) -> list[str]:
+    """User, the per-instance directories and HOME (server and loader share them: the loader
+    fills the cache the server reads). The loader's DynamicUser is named after the server's
+    (User=sglang-dflash-<name>), so both get the same user and the cache keeps its owner; the
+    loader has no RuntimeDirectory
+    (systemd removes it when a unit stops, and the server's lives in it)."""
+    sub = f"sglang-dflash-{cfg.name}"  # one flat directory per instance, no shared parent
+    if opts.user is None:
+        lines = ["DynamicUser=true"] + ([f"User={sub}"] if loader else [])
+    else:
+        lines = [f"User={opts.user}", f"Group={opts.group or opts.user}"]
+    lines += [
+        f"StateDirectory={sub}",
+        f"CacheDirectory={sub}",
+        *([] if loader else [f"RuntimeDirectory={sub}"]),
+        "StateDirectoryMode=0700",
+        "CacheDirectoryMode=0700",
+        *([] if loader else ["RuntimeDirectoryMode=0700"]),
+        f"WorkingDirectory=%S/{sub}",
+        env_line("HOME", f"%S/{sub}"),
+    ]
+    return lines
+
+
+def _checked(cfg: InstanceConfig, config_path: str, opts: UnitOptions) -> dict[str, Any]:
     check_unit_values(cfg, config_path, opts)
     shared = load_hardening()
     check_sandbox_paths(cfg, config_path, opts, shared)
-    exe = f"{opts.package_path.rstrip('/')}/bin/sglang-dflash"
-    sub = f"sglang-dflash-{cfg.name}"  # one flat directory per instance, no shared parent
+    return shared
+
+
+def _exe(opts: UnitOptions) -> str:
+    return f"{opts.package_path.rstrip('/')}/bin/sglang-dflash"
+
+
+def render_unit(cfg: InstanceConfig, config_path: str, opts: UnitOptions) -> str:
+    """The complete unit file text for one instance (pure); UnitError for unsafe values.
+
+    An offline instance with a hub model (models.needs_loader) Requires= and is After= its
+    model loader unit (render_models_unit) unless opts.fetch_models is False.
+    """
+    from sglang_dflash.models import needs_loader
+
+    shared = _checked(cfg, config_path, opts)
+    exe = _exe(opts)
+    loader = [models_unit_name(cfg)] if opts.fetch_models and needs_loader(cfg) else []
     lines = [
         f"# {unit_name(cfg)}: rendered by `sglang-dflash unit` from {config_path}",
         "# Directives and their reasons: sglang_dflash/unit-hardening.json (shared with the",
         "# NixOS module services.sglang-dflash). Re-render instead of editing by hand.",
         "[Unit]",
         f"Description=SGLang DFlash/DDTree server {cfg.name} ({cfg.algorithm})",
-        "After=network-online.target nvidia-persistenced.service",
+        " ".join(["After=network-online.target nvidia-persistenced.service", *loader]),
         "Wants=network-online.target",
+        *[f"Requires={u}" for u in loader],
         *directive_lines(shared["unit"]),
         "",
         "[Service]",
         *directive_lines(shared["lifecycle"]),
         f"TimeoutStartSec={cfg.start_timeout + START_TIMEOUT_MARGIN_S}s",
-    ]
-    if opts.user is None:
-        lines.append("DynamicUser=true")
-    else:
-        lines += [f"User={opts.user}", f"Group={opts.group or opts.user}"]
-    lines += [
-        f"StateDirectory={sub}",
-        f"CacheDirectory={sub}",
-        f"RuntimeDirectory={sub}",
-        "StateDirectoryMode=0700",
-        "CacheDirectoryMode=0700",
-        "RuntimeDirectoryMode=0700",
-        f"WorkingDirectory=%S/{sub}",
-        env_line("HOME", f"%S/{sub}"),
+        *_identity_lines(cfg, opts),
         env_line("LD_LIBRARY_PATH", spec_escape(opts.driver_lib_dir)),
         env_line("TRITON_LIBCUDA_PATH", spec_escape(opts.driver_lib_dir)),
         env_line("PYTHONUNBUFFERED", "1"),
@@ -198,6 +240,43 @@ def render_unit(cfg: InstanceConfig, config_path: str, opts: UnitOptions) -> str
     lines.append("ExecStart=" + exec_line(serve))
     lines += directive_lines(shared["hardening"])
     lines += ["", "[Install]", "WantedBy=multi-user.target", ""]
+    return "\n".join(lines)
+
+
+def render_models_unit(cfg: InstanceConfig, config_path: str, opts: UnitOptions) -> str:
+    """The model loader unit: a oneshot running `fetch-models` into the server's cache, with
+    the server's user, directories and hardening (no GPU devices; the network allowed).
+    UnitError when the instance has nothing to fetch ahead."""
+    from sglang_dflash.models import needs_loader
+
+    if not needs_loader(cfg):
+        raise UnitError(f"{config_path}: instance {cfg.name} has no model to fetch ahead (its "
+                        "models are local directories, or it is not offline: pin each hub "
+                        "model's revision to a commit)")
+    shared = _checked(cfg, config_path, opts)
+    fetch = [_exe(opts), "fetch-models", "--config", config_path]
+    lines = [
+        f"# {models_unit_name(cfg)}: rendered by `sglang-dflash unit --models` from "
+        f"{config_path}",
+        "# Directives and their reasons: sglang_dflash/unit-hardening.json (modelsUnit,",
+        "# modelsLifecycle, modelsHardening). Re-render instead of editing by hand.",
+        "[Unit]",
+        f"Description=SGLang DFlash/DDTree models of {cfg.name} (fetched before the server)",
+        "After=network-online.target",
+        "Wants=network-online.target",
+        f"Before={unit_name(cfg)}",
+        *directive_lines(shared["modelsUnit"]),
+        "",
+        "[Service]",
+        *directive_lines(shared["modelsLifecycle"]),
+        *_identity_lines(cfg, opts, loader=True),
+        env_line("PYTHONUNBUFFERED", "1"),
+    ]
+    if opts.environment_file:  # HF_TOKEN for gated models
+        lines.append(f"EnvironmentFile={spec_escape(opts.environment_file)}")
+    lines.append("ExecStart=" + exec_line(fetch))
+    lines += directive_lines(merged_directives(shared["hardening"], shared["modelsHardening"]))
+    lines += ["", "[Install]", f"WantedBy={unit_name(cfg)}", ""]
     return "\n".join(lines)
 
 

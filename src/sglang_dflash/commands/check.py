@@ -1,7 +1,9 @@
 """`sglang-dflash check`: run the chosen layers, print one line per check (or JSON).
 
 Exit 0 only without FAIL, 1 with any FAIL, 2 on a usage error. `--offline` is what
-`nix flake check` and each service's ExecStartPre run: no GPU, no network.
+`nix flake check` and each service's ExecStartPre run: no GPU, no network. The models
+layer (with --config) looks for the instance's models on disk: a local directory, or, for
+an offline instance, a complete snapshot in its hub cache.
 `--config FILE` reads an instance config: it fills the live layer's expectations (and,
 for `--layer live`, the URL and API key); flags given explicitly win over it.
 """
@@ -16,14 +18,19 @@ from pathlib import Path
 
 from sglang_dflash.apikey import read_api_key
 from sglang_dflash.check import abi, gpu, live, package
-from sglang_dflash.check.instance import config_url, merged_expectations
+from sglang_dflash.check.instance import (
+    MODELS_LAYER,
+    config_url,
+    merged_expectations,
+    model_results,
+)
 from sglang_dflash.check.result import Result, exit_code, render_json, render_text, skipped
 from sglang_dflash.config import ConfigError, InstanceConfig, load_config
 from sglang_dflash.errors import UserError
 from sglang_dflash.manifest import PACKAGE_DIR, Manifest, load_manifest
 from sglang_dflash.pins import load_pins
 
-LAYERS = ("package", "abi", "gpu", "live")
+LAYERS = ("package", "abi", "gpu", "models", "live")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,6 +80,8 @@ class LivePlan:
     expectations: live.Expectations
     api_key: str | None
     skip_reason: str | None = None  # overrides live's own reason when url is None
+    instance: InstanceConfig | None = None  # --config, for the models layer
+    config_path: str | None = None
 
 
 def run_checks(layers: list[str], args: argparse.Namespace, plan: LivePlan) -> list[Result]:
@@ -89,6 +98,11 @@ def run_checks(layers: list[str], args: argparse.Namespace, plan: LivePlan) -> l
         out += abi.run_layer(pins, extensions, entries, args.offline, imports)
     if "gpu" in layers:
         out += gpu.run_layer(pins, entries, args.offline)
+    if "models" in layers:
+        if plan.instance is None:
+            out.append(skipped(MODELS_LAYER, "all", "no --config (the instance's models)"))
+        else:
+            out += model_results(plan.instance, str(plan.config_path), dict(os.environ))
     if "live" in layers:
         if plan.url is None and plan.skip_reason and not args.offline:
             out.append(skipped(live.LAYER, "all", plan.skip_reason))
@@ -143,7 +157,8 @@ def plan_live(args: argparse.Namespace, layers: list[str],
     if url is None and cfg is not None:
         reason = (f"no --url given; `--layer live` checks the configured server at "
                   f"{config_url(cfg)}")
-    return LivePlan(url, exp, api_key, reason)
+    path = str(args.config) if args.config is not None else None
+    return LivePlan(url, exp, api_key, reason, cfg, path)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ from sglang_dflash.unit import (
     NIX_PROFILE_PATH,
     UnitOptions,
     default_package_path,
+    render_models_unit,
     render_unit,
 )
 
@@ -40,6 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--user", help="static user (default: DynamicUser)")
     parser.add_argument("--group", help="static group (default: the user's name)")
     parser.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    parser.add_argument("--models", action="store_true",
+                        help="render the instance's model loader unit instead "
+                        "(sglang-dflash-<name>-models.service: fetch-models before the server; "
+                        "docs/service.md \"Models offline\")")
+    parser.add_argument("--no-fetch-models", dest="fetch_models", action="store_false",
+                        help="the server unit does not require the model loader unit (the "
+                        "cache is filled another way)")
     parser.add_argument("--router", action="store_true",
                         help="--config is a router config: render the router's unit "
                         "(sglang-dflash-router-<name>.service; docs/router.md)")
@@ -87,6 +95,9 @@ def run_router(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     if args.router:
+        if args.models:
+            raise UserError("--models and --router contradict each other (a router loads "
+                            "no model)")
         return run_router(args)
     try:
         cfg = load_config(args.config)
@@ -98,8 +109,9 @@ def run(args: argparse.Namespace) -> int:
               "(this command's environment; --package-path names another)", file=sys.stderr)
     _check_paths(args, ("--package-path", "--driver-lib-dir", "--environment-file"))
     opts = UnitOptions(args.package_path, args.driver_lib_dir, args.environment_file,
-                       args.user, args.group)
-    text = render_unit(cfg, os.path.abspath(args.config), opts)  # UnitError: a UserError
+                       args.user, args.group, args.fetch_models)
+    render = render_models_unit if args.models else render_unit
+    text = render(cfg, os.path.abspath(args.config), opts)  # UnitError: a UserError
     if not Path(opts.package_path, "bin", "sglang-dflash").exists():
         print(f"sglang-dflash unit: note: {opts.package_path}/bin/sglang-dflash does not exist "
               "on this machine yet", file=sys.stderr)
