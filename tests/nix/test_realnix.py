@@ -195,6 +195,26 @@ def test_two_instances_render_both_units(harness):
     assert "ExecStartPre" not in got["units"]["small"]["serviceConfig"]
 
 
+def test_scale_out_renders_router_multinode_metrics_and_model_loader(harness):
+    """issue 17 through Nix 2.26: with a router, a two-node rank-0 instance with metrics and
+    pinned hub revisions, the configuration evaluates with no failed assertion; the router
+    unit orders itself after its local workers, and the pinned revisions bring the model
+    loader unit that the server requires (the argv itself is rendered by the Python validator
+    at build time: tests/module)."""
+    out, _ = harness
+    assert (out / "module-scale-out.err").read_text().strip() == ""
+    got = json.loads((out / "module-scale-out.out").read_text())
+    router = got["scaleOut"]["router"]
+    assert {"sglang-dflash-small.service", "sglang-dflash-tree.service"} <= set(router["after"])
+    assert "sglang-dflash router --config" in router["serviceConfig"]["ExecStart"]
+    loader = got["scaleOut"]["loader"]
+    assert loader["Type"] == "oneshot" and "fetch-models --config" in loader["ExecStart"]
+    tree = got["scaleOut"]["tree"]
+    assert "sglang-dflash-tree-models.service" in tree["requires"]
+    assert "sglang-dflash-tree-models.service" in tree["after"]
+    assert 8000 not in got["firewall"]  # the router's port opens only with openFirewall
+
+
 @pytest.mark.parametrize(("case", "message"), [
     ("same-port", 'Failed assertions:\n- services.sglang-dflash: instances "small" and "tree" '
                   "both listen on 127.0.0.1:30001 / 127.0.0.1:30001"),
@@ -212,6 +232,8 @@ def test_two_instances_render_both_units(harness):
     # the name's type is limits.json's instanceName, the pattern sglang_dflash.config checks
     ("bad-name", "services.sglang-dflash.instances.\"a b\".name' is not of type `string "
                  f"matching the pattern {LIMITS['instanceName']}'"),
+    ("bad-router-name", "services.sglang-dflash.routers.\"r x\".name' is not of type `string "
+                        f"matching the pattern {LIMITS['instanceName']}'"),
 ])
 def test_bad_configurations_fail_with_nixos_messages(harness, case, message):
     out, _ = harness

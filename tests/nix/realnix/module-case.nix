@@ -23,6 +23,26 @@ let
     misspelt-option.services.sglang-dflash.instances.small.draftModle = "x";
     bad-budget.services.sglang-dflash.instances.tree.ddtree.budget = lib.mkForce 0;
     gpu-twice.services.sglang-dflash.instances.small.gpus = lib.mkForce [ 0 0 ];
+    # Scale-out: a router over both instances, the DDTree instance on two nodes (rank 0) with
+    # metrics and pinned hub revisions (so offline, with its model loader unit).
+    scale-out.services.sglang-dflash = {
+      instances.tree = {
+        modelRevision = "0123456789abcdef0123456789abcdef01234567";
+        draftModelRevision = "89abcdef0123456789abcdef0123456789abcdef";
+        metrics.enable = true;
+        gpus = lib.mkForce [ 1 2 ];
+        multiNode = {
+          nnodes = 2;
+          nodeRank = 0;
+          distInitAddr = "10.0.0.1:20000";
+        };
+      };
+      routers.front = {
+        workers = [ "small" "tree" ];
+        port = 8000;
+      };
+    };
+    bad-router-name.services.sglang-dflash.routers."r x".workers = [ "small" ];
     bad-name.services.sglang-dflash.instances."a b" = {
       model = "m";
       algorithm = "none";
@@ -53,4 +73,18 @@ builtins.seq config.system.build.toplevel.drvPath {
     environment = (unit n).environment;
   });
   firewall = config.networking.firewall.allowedTCPPorts;
+  scaleOut = lib.optionalAttrs (case == "scale-out") (
+    let
+      svc = config.systemd.services;
+      str = v: if lib.isDerivation v then "${v}" else v;
+    in
+    {
+      router = {
+        inherit (svc.sglang-dflash-router-front) after wants;
+        serviceConfig = lib.mapAttrs (_: str) svc.sglang-dflash-router-front.serviceConfig;
+      };
+      loader = lib.mapAttrs (_: str) svc.sglang-dflash-tree-models.serviceConfig;
+      tree = { inherit (unit "tree") after requires; };
+    }
+  );
 }
