@@ -51,11 +51,11 @@ from sglang.srt.utils import is_cuda, is_hip
 
 from sglang_dflash.ddtree.tree import build_tree, root_tree, warm_up_inputs
 from sglang_dflash.sglang_overlay import adaptive as adaptive_mod
-from sglang_dflash.sglang_overlay import plant as plant_mod
 from sglang_dflash.sglang_overlay import policy as policy_mod
-from sglang_dflash.sglang_overlay import profile as profile_mod
 from sglang_dflash.sglang_overlay import settings
-from sglang_dflash.sglang_overlay import trace as trace_mod
+from sglang_dflash.sglang_overlay.diagnostics import plant as plant_mod
+from sglang_dflash.sglang_overlay.diagnostics import profile as profile_mod
+from sglang_dflash.sglang_overlay.diagnostics import trace as trace_mod
 from sglang_dflash.sglang_overlay.draft_head import DraftTopKHead, draft_topk
 from sglang_dflash.sglang_overlay.verify import (
     build_verify_tensors,
