@@ -12,9 +12,22 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+# Every SGLANG_DFLASH_* environment variable the package reads or sets is named here, once;
+# tests/overlay/test_settings_names.py fails on the literal name anywhere else in the package.
+# The DDTree switch and its budget policy (``sglang-dflash serve`` sets both from the config).
 BUDGET_ENV = "SGLANG_DFLASH_DDTREE_BUDGET"
-PLANT_ENV = "SGLANG_DFLASH_DDTREE_PLANT"
 POLICY_ENV = "SGLANG_DFLASH_DDTREE_POLICY"
+# ``torch``: the torch tree builder on CUDA too (default ``auto``: the Triton kernel there).
+IMPL_ENV = "SGLANG_DFLASH_DDTREE_IMPL"
+# Test-only and diagnostic switches (sglang_overlay/diagnostics/): a plant file, a per-round
+# profile file and its window, a first-round trace directory and its batch-size count.
+PLANT_ENV = "SGLANG_DFLASH_DDTREE_PLANT"
+PROFILE_ENV = "SGLANG_DFLASH_DDTREE_PROFILE"
+PROFILE_EVERY_ENV = "SGLANG_DFLASH_DDTREE_PROFILE_EVERY"
+TRACE_ENV = "SGLANG_DFLASH_DDTREE_TRACE"
+TRACE_MAX_ENV = "SGLANG_DFLASH_DDTREE_TRACE_MAX"
+# The file holding the router's API key, from ``sglang-dflash router`` to its child process.
+ROUTER_KEY_FILE_ENV = "SGLANG_DFLASH_ROUTER_KEY_FILE"
 
 # One CUDA thread per tree node in SGLang's tree kernels (reconstruct_indices_from_tree_mask,
 # verify_tree_greedy) caps the verify width N+1 at 1024.

@@ -30,8 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-PROFILE_ENV = "SGLANG_DFLASH_DDTREE_PROFILE"
-EVERY_ENV = "SGLANG_DFLASH_DDTREE_PROFILE_EVERY"
+from sglang_dflash.sglang_overlay import settings
+
+PROFILE_ENV = settings.PROFILE_ENV
+EVERY_ENV = settings.PROFILE_EVERY_ENV
 STAGES = ("draft", "tree", "prep", "verify", "commit")
 MARKS = len(STAGES) + 1
 DEFAULT_EVERY = 64

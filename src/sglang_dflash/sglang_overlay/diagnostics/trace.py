@@ -24,12 +24,13 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from sglang_dflash.sglang_overlay import settings
 from sglang_dflash.sglang_overlay.diagnostics.profile import positive_int_or
 
 logger = logging.getLogger(__name__)
 
-TRACE_ENV = "SGLANG_DFLASH_DDTREE_TRACE"
-MAX_ENV = "SGLANG_DFLASH_DDTREE_TRACE_MAX"
+TRACE_ENV = settings.TRACE_ENV
+MAX_ENV = settings.TRACE_MAX_ENV
 DEFAULT_MAX = 8
 TOP_OPS = 30
 
