@@ -151,7 +151,7 @@ def step_break(out: Path, env: dict, site: Path) -> dict:
     shutil.rmtree(copy.parent, ignore_errors=True)
     copy.parent.mkdir(parents=True)
     subprocess.run(["cp", "-r", str(pkg), str(copy)], check=True)
-    subprocess.run(["cp", "-r", str(copy), str(pkg)], check=True)  # the seeds' mistake: nests
+    subprocess.run(["cp", "-r", str(copy), str(pkg)], check=True)  # into pkg: nests sglang/sglang
     try:
         result["nested"] = sh(cli(["check", "--layer", "package"]), env=env, timeout=240)
     finally:
@@ -533,8 +533,8 @@ def step_plant(opts: Opts, step: str, serves: dict) -> dict:
                     "verify_ct_matches": meta.get("spec_verify_ct") == row["oracle_verify_ct"],
                 }
             rec["summary"] = judge_plant(rows) | {"oracle_exact": rec["oracle_exact"]}
-            # Kept on disk at once: on 2026-12-02 the server hung in the next part (T > 0) and
-            # the call's time limit took the greedy results with it.
+            # Written at once: a server that hangs in the next part (T > 0) and the call's time
+            # limit then cannot take the greedy results with it.
             (opts.out / f"{name}-greedy.json").write_text(json.dumps(rec, indent=1))
             rec["sampling_smoke"] = sampling_smoke(url, [r["input_ids"] for r in rows],
                                                    rec.get("pid"))

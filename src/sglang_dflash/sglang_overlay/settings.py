@@ -34,7 +34,8 @@ ROUTER_KEY_FILE_ENV = "SGLANG_DFLASH_ROUTER_KEY_FILE"
 MAX_BUDGET = 1023
 
 # Target attention backends that take an arbitrary FULL_MASK custom mask in TARGET_VERIFY,
-# eagerly and under CUDA graphs (research note ddtree-sglang.md section 2.3).
+# eagerly and under CUDA graphs; FA3/FA4/trtllm cannot take a tree mask there (docs/ddtree.md,
+# "Refused at startup").
 SUPPORTED_TARGET_BACKENDS = frozenset({"flashinfer", "triton"})
 
 
@@ -194,7 +195,7 @@ def flashinfer_verify_float_bytes(
     split-KV on: ``tmp_v`` + ``tmp_s`` = qo_heads x padded_batch x cta_tile_q x (head_dim + 1)
     floats, padded_batch = max(2 x SMs // kv_heads, tiles). A tree verify is wide (N+1 rows per
     request), so at N=256 and bs=32 on an H200 this is 581 MiB: more than the 512 MiB SGLang
-    fixes for Qwen targets, and CUDA-graph capture fails (seen on the H200, 2026-12-02).
+    fixes for Qwen targets, so CUDA-graph capture fails without the larger workspace.
     """
     gqa = max(1, qo_heads // max(1, kv_heads))
     rows = bs * width

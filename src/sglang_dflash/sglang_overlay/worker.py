@@ -79,7 +79,7 @@ def _renorm_kernels(sampling_backend, device):
 
     The kernels are FlashInfer's, JIT-compiled on first use: warming them up here puts that
     build (a minute or more on a cold cache) in start-up, not in the first T > 0 decode round,
-    where it silently stalled the scheduler (call 14). ``--sampling-backend pytorch`` keeps
+    where it would stall the scheduler silently. ``--sampling-backend pytorch`` keeps
     them out.
     """
     if not use_fused_renorm(sampling_backend, is_cuda()):
@@ -562,9 +562,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         """TEST-ONLY: rewrite top-K ids (and log-probs) per the plant file, on the device.
 
         ``plant.DevicePlant`` (tested equal to ``plant.apply_plant_host``, the oracle's model);
-        the host only maps batch rows to plant requests. Until 2026-12-02 this read every
-        ``[bs, L, K]`` row back to the host each round, which dominated planted rounds at
-        bs = 32 and made planted throughput unrepresentative.
+        the host only maps batch rows to plant requests.
         """
         if self._device_plant is None:
             self._device_plant = plant_mod.DevicePlant(self._plant, logp.device)

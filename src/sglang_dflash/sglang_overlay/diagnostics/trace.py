@@ -1,7 +1,7 @@
 """First-round tracing of the DDTree worker: torch.profiler around the first decode round of
 each new batch size, off unless an env var names a directory.
 
-Why: the per-round profiler (profile.py) showed 34-98 ms one-offs in `prep` the first time a
+Why: the per-round profiler (profile.py) records 34-98 ms one-offs in `prep` the first time a
 batch size reaches a server process with FlashInfer attention (docs/gpu-results.md §17), but
 stage timing cannot say which call pays them. A profiler table of exactly those rounds can.
 
