@@ -2,11 +2,13 @@
 
 Reads the JSON lines that ``SGLANG_DFLASH_DDTREE_PROFILE`` makes the DDTree worker write (one
 line per batch size per window of 64 rounds, each with mean and p50 ms per stage; see
-``sglang_dflash.sglang_overlay.profile``) and prints, per file and batch size, the median over
-windows of each window's p50, and the first window's mean, which is where one-off compiles
-(a Triton kernel built inside a decode round) show up while the p50s hide them.
+``sglang_dflash.sglang_overlay.diagnostics.profile``) and prints, per file and batch size, the
+median over windows of each window's p50, and the first window's mean, which is where one-off
+compiles (a Triton kernel built inside a decode round) show up while the p50s hide them.
 
-    python benchmarks/profile_table.py --bs 1,8,32 docs/gpu-runs/2026-12-02/s3-run3/profile-*.jsonl
+    python benchmarks/profile_table.py --bs 1,8,32 <gpu_e2e --out dir>/profile-*.jsonl
+
+The tables it made for the recorded runs are in docs/gpu-results.md (§8, §17).
 
 A file that is missing, empty or not JSON lines is one line on stderr and exit status 1; the
 other files are still tabulated.
@@ -21,7 +23,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_dflash.sglang_overlay.profile import STAGES as ROUND_STAGES
+from sglang_dflash.sglang_overlay.diagnostics.profile import STAGES as ROUND_STAGES
 
 STAGES = (*ROUND_STAGES, "total")
 
@@ -45,11 +47,15 @@ def rows_of(label: str, records: list[dict]) -> list[Row]:
     out = []
     for bs in sorted(by_bs):
         group = by_bs[bs]
-        out.append(Row(
-            label=label, bs=bs, rounds=sum(int(r["rounds"]) for r in group),
-            p50={s: statistics.median(r["ms"][s]["p50"] for r in group) for s in STAGES},
-            first_mean={s: group[0]["ms"][s]["mean"] for s in STAGES},
-        ))
+        out.append(
+            Row(
+                label=label,
+                bs=bs,
+                rounds=sum(int(r["rounds"]) for r in group),
+                p50={s: statistics.median(r["ms"][s]["p50"] for r in group) for s in STAGES},
+                first_mean={s: group[0]["ms"][s]["mean"] for s in STAGES},
+            )
+        )
     return out
 
 
@@ -90,8 +96,10 @@ def read_records(path: Path) -> list[dict]:
 
 def render(rows: list[Row]) -> str:
     """The markdown table: p50 columns, tree share of verify, then first-window means."""
-    head = ("| profile | bs | rounds | draft | tree | prep | verify | commit | total | "
-            "tree / verify | first window mean: tree | first window mean: total |")
+    head = (
+        "| profile | bs | rounds | draft | tree | prep | verify | commit | total | "
+        "tree / verify | first window mean: tree | first window mean: total |"
+    )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         p = r.p50
@@ -99,7 +107,8 @@ def render(rows: list[Row]) -> str:
         lines.append(
             f"| {r.label} | {r.bs} | {r.rounds} | "
             + " | ".join(f"{p[s]:.2f}" for s in STAGES)
-            + f" | {share:.1f}% | {r.first_mean['tree']:.2f} | {r.first_mean['total']:.2f} |")
+            + f" | {share:.1f}% | {r.first_mean['tree']:.2f} | {r.first_mean['total']:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -118,10 +127,19 @@ def bs_list(raw: str) -> frozenset[int]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("profiles", nargs="+", type=Path, help="profile-*.jsonl files")
-    ap.add_argument("--bs", type=bs_list, default=None, metavar="N[,N...]",
-                    help="only these batch sizes (default: every batch size seen)")
-    ap.add_argument("--label", choices=("name", "path"), default="name",
-                    help="label rows with the file name (default) or the path as given")
+    ap.add_argument(
+        "--bs",
+        type=bs_list,
+        default=None,
+        metavar="N[,N...]",
+        help="only these batch sizes (default: every batch size seen)",
+    )
+    ap.add_argument(
+        "--label",
+        choices=("name", "path"),
+        default="name",
+        help="label rows with the file name (default) or the path as given",
+    )
     args = ap.parse_args(argv)
     rows: list[Row] = []
     failed = False

@@ -151,7 +151,7 @@ def step_break(out: Path, env: dict, site: Path) -> dict:
     shutil.rmtree(copy.parent, ignore_errors=True)
     copy.parent.mkdir(parents=True)
     subprocess.run(["cp", "-r", str(pkg), str(copy)], check=True)
-    subprocess.run(["cp", "-r", str(copy), str(pkg)], check=True)  # the seeds' mistake: nests
+    subprocess.run(["cp", "-r", str(copy), str(pkg)], check=True)  # into pkg: nests sglang/sglang
     try:
         result["nested"] = sh(cli(["check", "--layer", "package"]), env=env, timeout=240)
     finally:
@@ -424,7 +424,7 @@ def accepted_ranks(ranks: list[int], rounds: list[int]) -> dict[str, int]:
 
 
 def oracle_margin(budget: int) -> float:
-    from sglang_dflash.sglang_overlay.plant_oracle import boundary_margin
+    from sglang_dflash.sglang_overlay.diagnostics.plant_oracle import boundary_margin
 
     k = min(budget, TARGET_CONFIG["vocab_size"])
     return boundary_margin(PLANT_PROFILE, k, min(BLOCK, budget + 1) - 1, budget)
@@ -432,8 +432,8 @@ def oracle_margin(budget: int) -> float:
 
 def oracle_rounds(doc: dict, budget: int) -> list[list[int]]:
     """Accepted drafts per round for each planted prompt (the CPU oracle)."""
-    from sglang_dflash.sglang_overlay.plant import parse_plant
-    from sglang_dflash.sglang_overlay.plant_oracle import expected_rounds
+    from sglang_dflash.sglang_overlay.diagnostics.plant import parse_plant
+    from sglang_dflash.sglang_overlay.diagnostics.plant_oracle import expected_rounds
 
     spec = parse_plant(json.dumps(doc))
     return [expected_rounds(req, spec.logp_profile, budget=budget, block_size=BLOCK,
@@ -533,8 +533,8 @@ def step_plant(opts: Opts, step: str, serves: dict) -> dict:
                     "verify_ct_matches": meta.get("spec_verify_ct") == row["oracle_verify_ct"],
                 }
             rec["summary"] = judge_plant(rows) | {"oracle_exact": rec["oracle_exact"]}
-            # Kept on disk at once: on 2026-12-02 the server hung in the next part (T > 0) and
-            # the call's time limit took the greedy results with it.
+            # Written at once: a server that hangs in the next part (T > 0) and the call's time
+            # limit then cannot take the greedy results with it.
             (opts.out / f"{name}-greedy.json").write_text(json.dumps(rec, indent=1))
             rec["sampling_smoke"] = sampling_smoke(url, [r["input_ids"] for r in rows],
                                                    rec.get("pid"))
@@ -689,7 +689,7 @@ def step_trace(opts: Opts, step: str) -> dict:
     """A DDTree server (no plant) with first-round tracing: torch.profiler tables of the first
     round at each new batch size, to name the one-off `prep` cost of gpu-results.md §17.
     Batch sizes come from short benches at rising concurrency."""
-    from sglang_dflash.sglang_overlay import trace as trace_mod
+    from sglang_dflash.sglang_overlay.diagnostics import trace as trace_mod
 
     budget = int(step.split(":")[1])
     name = f"trace-{budget}{opts.tag}"

@@ -3,7 +3,7 @@
 # module rendered as systemd runs it: notify readiness, the status line, the hardening,
 # `check --url`, a clean stop although the stand-in SIGKILLs itself as SGLang 0.5.17 does.
 # The same assertions run on the CPU machine against the unit `sglang-dflash unit` renders
-# (tests/unit/test_systemd_boot.py, a real systemd in namespaces); this is the module's copy.
+# (tests/systemd_unit/test_systemd_boot.py, a real systemd in namespaces); this is the module's copy.
 # Written and parsed here (Nix 2.8); NOT yet run: it needs Nix >= 2.18 and KVM.
 {
   lib,

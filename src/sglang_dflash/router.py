@@ -35,6 +35,7 @@ from sglang_dflash.config import (
     read_config_json,
     unknown_key_message,
 )
+from sglang_dflash.sglang_overlay import settings
 
 POLICIES: tuple[str, ...] = tuple(LIMITS["routerPolicies"])
 DEFAULT_PORT: int = LIMITS["routerDefaultPort"]
@@ -42,7 +43,7 @@ DEFAULT_METRICS_PORT: int = LIMITS["routerDefaultMetricsPort"]
 DEFAULT_START_TIMEOUT = 300
 DEFAULT_SHUTDOWN_GRACE = 25  # below the launcher's 30 s stop grace and the unit's TimeoutStopSec
 LOG_LEVELS = ("debug", "info", "warn", "error")
-KEY_FILE_ENV = "SGLANG_DFLASH_ROUTER_KEY_FILE"
+KEY_FILE_ENV = settings.ROUTER_KEY_FILE_ENV
 URL_RE = re.compile(r"^https?://(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]*):([0-9]{1,5})/?$")
 # Flags rendered from typed keys, and the key flag that would put a secret into argv.
 TYPED_FLAGS = (

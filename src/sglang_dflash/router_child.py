@@ -12,7 +12,9 @@ import os
 import sys
 from pathlib import Path
 
-KEY_FILE_ENV = "SGLANG_DFLASH_ROUTER_KEY_FILE"
+from sglang_dflash.sglang_overlay import settings
+
+KEY_FILE_ENV = settings.ROUTER_KEY_FILE_ENV
 
 
 def main(argv: list[str]) -> int:

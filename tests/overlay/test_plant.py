@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the DDTree overlay needs torch")
 
 from sglang_dflash.ddtree.tree import build_tree  # noqa: E402
-from sglang_dflash.sglang_overlay import plant as p  # noqa: E402
+from sglang_dflash.sglang_overlay.diagnostics import plant as p  # noqa: E402
 from sglang_dflash.sglang_overlay.verify import greedy_accept  # noqa: E402
 
 GOOD = {

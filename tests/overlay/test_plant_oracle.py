@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch", reason="the DDTree overlay needs torch")
-from sglang_dflash.sglang_overlay.plant import PlantedRequest  # noqa: E402
-from sglang_dflash.sglang_overlay.plant_oracle import accept_len, expected_rounds  # noqa: E402
+from sglang_dflash.sglang_overlay.diagnostics.plant import PlantedRequest  # noqa: E402
+from sglang_dflash.sglang_overlay.diagnostics.plant_oracle import accept_len, expected_rounds  # noqa: E402
 
 PROFILE = (-0.01, -4.0, -5.0)
 
@@ -52,7 +52,7 @@ def test_expected_rounds_walk_the_continuation():
 
 
 def test_boundary_margin_flags_ties_at_the_budget():
-    from sglang_dflash.sglang_overlay.plant_oracle import boundary_margin
+    from sglang_dflash.sglang_overlay.diagnostics.plant_oracle import boundary_margin
 
     # Spine of 15 at -0.01 steps; then single rank-1 paths tie in groups (one per length).
     tied = boundary_margin((-0.01, -4.0, -5.0, -6.0), 64, 15, 64)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from sglang_dflash.sglang_overlay import profile as prof
+from sglang_dflash.sglang_overlay.diagnostics import profile as prof
 
 
 class ScriptedEvent:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sglang_dflash.sglang_overlay import profile as prof
+from sglang_dflash.sglang_overlay.diagnostics import profile as prof
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "profile_table.py"
@@ -46,8 +46,9 @@ def write_profile(path: Path, rounds: list[tuple[int, tuple[float, ...]]], every
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_median_of_window_p50s_and_first_window_mean(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from sglang_dflash.sglang_overlay import trace  # noqa: E402
+from sglang_dflash.sglang_overlay.diagnostics import trace  # noqa: E402
 
 
 def a_round(bs: int) -> torch.Tensor:
@@ -46,7 +46,9 @@ def test_limit_caps_the_number_of_batch_sizes(tmp_path):
             a_round(bs)
     assert t.seen == {4, 5}
     assert sorted(p.name for p in tmp_path.glob("round-bs*.txt")) == [
-        "round-bs4.txt", "round-bs5.txt"]
+        "round-bs4.txt",
+        "round-bs5.txt",
+    ]
 
 
 def test_a_profiler_that_fails_switches_tracing_off_and_the_round_still_runs(tmp_path):

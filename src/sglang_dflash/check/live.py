@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from sglang_dflash.check.result import Result, failed, passed, skipped
+from sglang_dflash.sglang_overlay import settings
 
 LAYER = "live"
 ALGORITHMS = ("none", "dflash", "ddtree")
@@ -155,7 +156,7 @@ def evaluate_server_info(info: dict, exp: Expectations) -> list[Result]:
                               f"expected budget {exp.ddtree_budget} + 1 = {want}",
                               "check that the DDTree plugin is installed and the config sets "
                               "algorithm \"ddtree\" with ddtree.budget (serve passes it as "
-                              "SGLANG_DFLASH_DDTREE_BUDGET)"))
+                              f"{settings.BUDGET_ENV})"))
     if exp.ddtree_budget is not None or exp.ddtree_policy is not None:
         out.append(evaluate_ddtree_policy(info, exp.ddtree_policy))
     return out
@@ -197,7 +198,7 @@ def evaluate_ddtree_policy(info: dict, expected: str | None) -> Result:
     if expected is not None and policy != expected:
         return failed(LAYER, "ddtree_policy", f"server runs policy {policy!r}, expected "
                       f"{expected!r}", "set ddtree.policy in the instance config (serve passes "
-                      "it as SGLANG_DFLASH_DDTREE_POLICY) and restart")
+                      f"it as {settings.POLICY_ENV}) and restart")
     return passed(LAYER, "ddtree_policy", f"policy {policy} (budget {state.get('budget')})"
                   f"{learnt}")
 

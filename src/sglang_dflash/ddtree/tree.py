@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 import torch
 
+from sglang_dflash.sglang_overlay import settings
+
 
 @dataclass(frozen=True)
 class DDTree:
@@ -84,7 +86,7 @@ def _candidate_pairs(n: int, p: int, k: int, dev) -> tuple[torch.Tensor, ...]:
     return a_idx, r_idx, a_idx * k + r_idx
 
 
-IMPL_ENV = "SGLANG_DFLASH_DDTREE_IMPL"
+IMPL_ENV = settings.IMPL_ENV
 
 
 @functools.cache

@@ -25,7 +25,6 @@ import os
 from typing import Any
 
 from sglang_dflash.sglang_overlay import settings
-from sglang_dflash.sglang_overlay.plant import load_plant
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +78,8 @@ def handle_dflash(original, server_args):
     settings.policy_from_env(budget)  # a bad policy fails here, in the launcher
     plant_path = os.environ.get(settings.PLANT_ENV, "").strip()
     if plant_path:
+        from sglang_dflash.sglang_overlay.diagnostics.plant import load_plant
+
         load_plant(plant_path)  # fail at startup, in the launcher, on a bad file
     # Let DFlash resolve the block size B (flag or draft config) into num_draft_tokens.
     server_args.speculative_num_draft_tokens = None

@@ -12,16 +12,30 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+# Every SGLANG_DFLASH_* environment variable the package reads or sets is named here, once;
+# tests/overlay/test_settings_names.py fails on the literal name anywhere else in the package.
+# The DDTree switch and its budget policy (``sglang-dflash serve`` sets both from the config).
 BUDGET_ENV = "SGLANG_DFLASH_DDTREE_BUDGET"
-PLANT_ENV = "SGLANG_DFLASH_DDTREE_PLANT"
 POLICY_ENV = "SGLANG_DFLASH_DDTREE_POLICY"
+# ``torch``: the torch tree builder on CUDA too (default ``auto``: the Triton kernel there).
+IMPL_ENV = "SGLANG_DFLASH_DDTREE_IMPL"
+# Test-only and diagnostic switches (sglang_overlay/diagnostics/): a plant file, a per-round
+# profile file and its window, a first-round trace directory and its batch-size count.
+PLANT_ENV = "SGLANG_DFLASH_DDTREE_PLANT"
+PROFILE_ENV = "SGLANG_DFLASH_DDTREE_PROFILE"
+PROFILE_EVERY_ENV = "SGLANG_DFLASH_DDTREE_PROFILE_EVERY"
+TRACE_ENV = "SGLANG_DFLASH_DDTREE_TRACE"
+TRACE_MAX_ENV = "SGLANG_DFLASH_DDTREE_TRACE_MAX"
+# The file holding the router's API key, from ``sglang-dflash router`` to its child process.
+ROUTER_KEY_FILE_ENV = "SGLANG_DFLASH_ROUTER_KEY_FILE"
 
 # One CUDA thread per tree node in SGLang's tree kernels (reconstruct_indices_from_tree_mask,
 # verify_tree_greedy) caps the verify width N+1 at 1024.
 MAX_BUDGET = 1023
 
 # Target attention backends that take an arbitrary FULL_MASK custom mask in TARGET_VERIFY,
-# eagerly and under CUDA graphs (research note ddtree-sglang.md section 2.3).
+# eagerly and under CUDA graphs; FA3/FA4/trtllm cannot take a tree mask there (docs/ddtree.md,
+# "Refused at startup").
 SUPPORTED_TARGET_BACKENDS = frozenset({"flashinfer", "triton"})
 
 
@@ -181,7 +195,7 @@ def flashinfer_verify_float_bytes(
     split-KV on: ``tmp_v`` + ``tmp_s`` = qo_heads x padded_batch x cta_tile_q x (head_dim + 1)
     floats, padded_batch = max(2 x SMs // kv_heads, tiles). A tree verify is wide (N+1 rows per
     request), so at N=256 and bs=32 on an H200 this is 581 MiB: more than the 512 MiB SGLang
-    fixes for Qwen targets, and CUDA-graph capture fails (seen on the H200, 2026-12-02).
+    fixes for Qwen targets, so CUDA-graph capture fails without the larger workspace.
     """
     gqa = max(1, qo_heads // max(1, kv_heads))
     rows = bs * width

@@ -51,11 +51,11 @@ from sglang.srt.utils import is_cuda, is_hip
 
 from sglang_dflash.ddtree.tree import build_tree, warm_up_inputs
 from sglang_dflash.sglang_overlay import adaptive as adaptive_mod
-from sglang_dflash.sglang_overlay import plant as plant_mod
 from sglang_dflash.sglang_overlay import policy as policy_mod
-from sglang_dflash.sglang_overlay import profile as profile_mod
 from sglang_dflash.sglang_overlay import settings
-from sglang_dflash.sglang_overlay import trace as trace_mod
+from sglang_dflash.sglang_overlay.diagnostics import plant as plant_mod
+from sglang_dflash.sglang_overlay.diagnostics import profile as profile_mod
+from sglang_dflash.sglang_overlay.diagnostics import trace as trace_mod
 from sglang_dflash.sglang_overlay.draft_head import DraftTopKHead, draft_topk
 from sglang_dflash.sglang_overlay.verify import (
     RootRound,
@@ -79,7 +79,7 @@ def _renorm_kernels(sampling_backend, device):
 
     The kernels are FlashInfer's, JIT-compiled on first use: warming them up here puts that
     build (a minute or more on a cold cache) in start-up, not in the first T > 0 decode round,
-    where it silently stalled the scheduler (call 14). ``--sampling-backend pytorch`` keeps
+    where it would stall the scheduler silently. ``--sampling-backend pytorch`` keeps
     them out.
     """
     if not use_fused_renorm(sampling_backend, is_cuda()):
@@ -570,9 +570,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         """TEST-ONLY: rewrite top-K ids (and log-probs) per the plant file, on the device.
 
         ``plant.DevicePlant`` (tested equal to ``plant.apply_plant_host``, the oracle's model);
-        the host only maps batch rows to plant requests. Until 2026-12-02 this read every
-        ``[bs, L, K]`` row back to the host each round, which dominated planted rounds at
-        bs = 32 and made planted throughput unrepresentative.
+        the host only maps batch rows to plant requests.
         """
         if self._device_plant is None:
             self._device_plant = plant_mod.DevicePlant(self._plant, logp.device)

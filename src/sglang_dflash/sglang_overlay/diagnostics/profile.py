@@ -1,4 +1,4 @@
-"""Per-round stage timing of the DDTree worker (issue 8), off unless an env var names a file.
+"""Per-round stage timing of the DDTree worker, off unless an env var names a file.
 
 ``SGLANG_DFLASH_DDTREE_PROFILE=<path.jsonl>`` switches it on in the scheduler process. Each
 decode round records six events on the current stream (round start, after draft, after tree
@@ -9,11 +9,11 @@ appends one JSON line per batch size seen in that window. No per-round host sync
 variable is unset the worker holds ``None`` and pays one ``is not None`` test per mark.
 
 What the numbers mean: GPU-stream time between marks. A stage whose host code syncs or launches
-slowly includes the stream's idle gap in that stage (before 2026-12-02's device-side plant, the
-TEST-ONLY plant's host sync sat in ``draft``).
+slowly includes the stream's idle gap in that stage (the TEST-ONLY plant runs in ``draft``
+without a host sync; one there would show as ``draft`` time).
 
 Stages: ``draft`` = draft block forward + top-K head (+ plant); ``tree`` = build_tree alone (the
-DDTree builder, the figure issue 5's "< 5% of a verify" is about); ``prep`` = verify cache
+DDTree builder, meant to cost under 5% of a verify); ``prep`` = verify cache
 slots, verify tensors (FULL_MASK) and the verify batch's attention metadata (DFLASH pays a
 linear-mask version of this too); ``verify`` = target TARGET_VERIFY forward and
 logits adjustments; ``commit`` = per-node choice, tree walk, KV move, drafter KV commit.
@@ -30,8 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-PROFILE_ENV = "SGLANG_DFLASH_DDTREE_PROFILE"
-EVERY_ENV = "SGLANG_DFLASH_DDTREE_PROFILE_EVERY"
+from sglang_dflash.sglang_overlay import settings
+
+PROFILE_ENV = settings.PROFILE_ENV
+EVERY_ENV = settings.PROFILE_EVERY_ENV
 STAGES = ("draft", "tree", "prep", "verify", "commit")
 MARKS = len(STAGES) + 1
 DEFAULT_EVERY = 64

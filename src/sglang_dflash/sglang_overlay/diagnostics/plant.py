@@ -212,8 +212,8 @@ def apply_plant_host(
 
 class DevicePlant:
     """``apply_plant_host`` as batched tensor ops: no host sync, so planted rounds cost what a
-    real drafter's would (the host version read every ``[bs, L, K]`` row back each round, which
-    dominated planted rounds at bs = 32 on the H200). The host's part per round is only the
+    real drafter's would (the host version reads every ``[bs, L, K]`` row back each round, which
+    dominates planted rounds at bs = 32 on the H200). The host's part per round is only the
     batch row -> plant request index (``row_index``), sent without a sync."""
 
     def __init__(self, spec: PlantSpec, device) -> None:

@@ -1,7 +1,7 @@
 """First-round tracing of the DDTree worker: torch.profiler around the first decode round of
 each new batch size, off unless an env var names a directory.
 
-Why: the per-round profiler (profile.py) showed 34-98 ms one-offs in `prep` the first time a
+Why: the per-round profiler (profile.py) records 34-98 ms one-offs in `prep` the first time a
 batch size reaches a server process with FlashInfer attention (docs/gpu-results.md §17), but
 stage timing cannot say which call pays them. A profiler table of exactly those rounds can.
 
@@ -24,12 +24,13 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from sglang_dflash.sglang_overlay.profile import positive_int_or
+from sglang_dflash.sglang_overlay import settings
+from sglang_dflash.sglang_overlay.diagnostics.profile import positive_int_or
 
 logger = logging.getLogger(__name__)
 
-TRACE_ENV = "SGLANG_DFLASH_DDTREE_TRACE"
-MAX_ENV = "SGLANG_DFLASH_DDTREE_TRACE_MAX"
+TRACE_ENV = settings.TRACE_ENV
+MAX_ENV = settings.TRACE_MAX_ENV
 DEFAULT_MAX = 8
 TOP_OPS = 30
 
@@ -43,13 +44,15 @@ def top_ops(events: Any, limit: int = TOP_OPS) -> list[dict]:
     """The ops of a key_averages() list with the most self CPU time, as plain numbers (ms)."""
     rows = []
     for e in events:
-        rows.append({
-            "name": e.key,
-            "count": int(e.count),
-            "self_cpu_ms": round(e.self_cpu_time_total / 1000.0, 3),
-            "cpu_total_ms": round(e.cpu_time_total / 1000.0, 3),
-            "self_device_ms": round(getattr(e, "self_device_time_total", 0.0) / 1000.0, 3),
-        })
+        rows.append(
+            {
+                "name": e.key,
+                "count": int(e.count),
+                "self_cpu_ms": round(e.self_cpu_time_total / 1000.0, 3),
+                "cpu_total_ms": round(e.cpu_time_total / 1000.0, 3),
+                "self_device_ms": round(getattr(e, "self_device_time_total", 0.0) / 1000.0, 3),
+            }
+        )
     rows.sort(key=lambda r: r["self_cpu_ms"], reverse=True)
     return rows[:limit]
 
@@ -75,9 +78,14 @@ def _synchronize() -> None:
 class FirstRoundTracer:
     """Profiles the first round of each batch size (up to ``limit`` sizes) into ``directory``."""
 
-    def __init__(self, directory: str | Path, *, limit: int = DEFAULT_MAX,
-                 profiler_factory: Callable[[], Any] = torch_profiler,
-                 synchronize: Callable[[], None] = _synchronize) -> None:
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        limit: int = DEFAULT_MAX,
+        profiler_factory: Callable[[], Any] = torch_profiler,
+        synchronize: Callable[[], None] = _synchronize,
+    ) -> None:
         self.directory = Path(directory)
         self.limit = limit
         self.seen: set[int] = set()
@@ -123,8 +131,9 @@ class FirstRoundTracer:
     def _write(self, bs: int, wall_ms: float, prof: Any) -> None:
         averages = prof.key_averages()
         table = averages.table(sort_by="self_cpu_time_total", row_limit=TOP_OPS)
-        head = (f"DDTree first round at bs={bs}: wall {wall_ms:.2f} ms "
-                "(profiler overhead included)\n")
+        head = (
+            f"DDTree first round at bs={bs}: wall {wall_ms:.2f} ms (profiler overhead included)\n"
+        )
         (self.directory / f"round-bs{bs}.txt").write_text(head + table + "\n", encoding="utf-8")
         line = {"bs": bs, "wall_ms": round(wall_ms, 3), "top_ops": top_ops(averages)}
         with (self.directory / "rounds.jsonl").open("a", encoding="utf-8") as fh:

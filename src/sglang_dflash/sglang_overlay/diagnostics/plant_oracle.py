@@ -13,7 +13,7 @@ import heapq
 import torch
 
 from sglang_dflash.ddtree.tree import build_tree
-from sglang_dflash.sglang_overlay.plant import PlantedRequest, profile_row
+from sglang_dflash.sglang_overlay.diagnostics.plant import PlantedRequest, profile_row
 
 
 def accept_len(
