@@ -10,8 +10,7 @@ torch = pytest.importorskip("torch", reason="the DDTree core needs torch")
 from sglang_dflash.ddtree.mask import full_mask  # noqa: E402
 from sglang_dflash.ddtree.tree import build_tree, root_tree  # noqa: E402
 from sglang_dflash.ddtree.walk import greedy_walk  # noqa: E402
-from sglang_dflash.sglang_overlay.adaptive import RoundMeter, path_counts  # noqa: E402
-from sglang_dflash.sglang_overlay.diagnostics.profile import HostEvent  # noqa: E402
+from sglang_dflash.sglang_overlay.adaptive import HostEvent, RoundMeter, path_counts  # noqa: E402
 from sglang_dflash.sglang_overlay.policy import counterfactual_accept  # noqa: E402
 from sglang_dflash.sglang_overlay.verify import (  # noqa: E402
     RootRound,

@@ -18,7 +18,7 @@ import json
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
@@ -53,9 +53,6 @@ from sglang_dflash.ddtree.tree import build_tree, warm_up_inputs
 from sglang_dflash.sglang_overlay import adaptive as adaptive_mod
 from sglang_dflash.sglang_overlay import policy as policy_mod
 from sglang_dflash.sglang_overlay import settings
-from sglang_dflash.sglang_overlay.diagnostics import plant as plant_mod
-from sglang_dflash.sglang_overlay.diagnostics import profile as profile_mod
-from sglang_dflash.sglang_overlay.diagnostics import trace as trace_mod
 from sglang_dflash.sglang_overlay.draft_head import DraftTopKHead, draft_topk
 from sglang_dflash.sglang_overlay.verify import (
     RootRound,
@@ -69,6 +66,16 @@ from sglang_dflash.sglang_overlay.verify import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+class _Drafted(NamedTuple):
+    """The draft stage's output: per-depth top-K (None for a budget-0 round) and the block."""
+
+    logp: Any
+    ids: Any
+    block_ids: Any
+    positions_2d: Any
+    cache_loc_2d: Any
 
 # Rounds between two log lines of the adaptive policy's state (rank 0).
 POLICY_LOG_EVERY = 500
@@ -105,7 +112,7 @@ def _timing_event_factory():
     """Timing events for the profiler and the adaptive meter: CUDA events, host clocks off GPU."""
     if is_cuda():
         return lambda: torch.cuda.Event(enable_timing=True)
-    return profile_mod.HostEvent
+    return adaptive_mod.HostEvent
 
 
 def _tree_kernel():
@@ -247,6 +254,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         path = os.environ.get(settings.PLANT_ENV, "").strip()
         if not path:
             return None
+        from sglang_dflash.sglang_overlay.diagnostics import plant as plant_mod
+
         spec = plant_mod.load_plant(path)
         logger.warning(
             "!!! %s=%s: TEST-ONLY PLANTED DRAFT SOURCE ACTIVE. The drafter's proposals are "
@@ -259,8 +268,10 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
     def _load_profiler(self, budget):
         """Per-round stage timing when SGLANG_DFLASH_DDTREE_PROFILE names a file (rank 0)."""
-        if self.ps.tp_rank != 0:
+        if self.ps.tp_rank != 0 or not os.environ.get(settings.PROFILE_ENV, "").strip():
             return None
+        from sglang_dflash.sglang_overlay.diagnostics import profile as profile_mod
+
         factory = _timing_event_factory()
         prof = profile_mod.from_env(
             event_factory=factory,
@@ -278,8 +289,10 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
     def _load_tracer(self):
         """First-round torch.profiler tables when SGLANG_DFLASH_DDTREE_TRACE names a dir."""
-        if self.ps.tp_rank != 0:
+        if self.ps.tp_rank != 0 or not os.environ.get(settings.TRACE_ENV, "").strip():
             return None
+        from sglang_dflash.sglang_overlay.diagnostics import trace as trace_mod
+
         tracer = trace_mod.from_env()
         if tracer is not None:
             logger.warning(
@@ -573,6 +586,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         the host only maps batch rows to plant requests.
         """
         if self._device_plant is None:
+            from sglang_dflash.sglang_overlay.diagnostics import plant as plant_mod
+
             self._device_plant = plant_mod.DevicePlant(self._plant, logp.device)
         dp = self._device_plant
         rows = dp.row_index([(tuple(r.origin_input_ids), len(r.origin_input_ids))
@@ -580,35 +595,73 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         return dp.apply(rows, batch.seq_lens, roots, logp, ids)
 
     def _ddtree_round(self, batch, draft_input, on_publish):
+        """One decode round: draft, tree, verify, accept, commit (the profiler's five stages,
+        marked between the stage methods; the meter times the round from start to start)."""
         bs = len(batch.seq_lens)
         budget, key = self._choose_budget(batch, bs)
         width = budget + 1
-        prefix_lens = batch.seq_lens
-        prof = self._prof
-        meter = self._meter
+        prefix_lens = batch.seq_lens  # the committed prefixes this round starts from
+        prof, meter = self._prof, self._meter
         if meter is not None:
             meter.begin()
         if prof is not None:
             prof.mark(0, bs)
+        drafted = self._draft_stage(batch, draft_input, bs, budget)
+        if prof is not None:
+            prof.mark(1)
+        tree = self._tree_stage(batch, drafted, bs, budget)
+        if prof is not None:
+            prof.mark(2)
+        target_out, vt = self._verify_stage(batch, draft_input, tree, bs, width, prof)
+        if prof is not None:
+            prof.mark(4)
+        acc = self._accept_stage(batch, tree, target_out.logits_output, vt, bs, width, budget)
+        new_seq_lens = prefix_lens + acc.commit_lens.to(prefix_lens.dtype)
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+        self._commit_stage(target_out.logits_output, acc, drafted, bs, budget)
+        if prof is not None:
+            prof.mark(5)
+        if meter is not None:
+            cands = self._counted_budgets(key, budget)
+            counts = (
+                adaptive_mod.path_counts(acc.accept_index, width, cands[1]) if cands[0] else None
+            )
+            meter.end(key, budget, bs, cands[0], counts)
+
+        return GenerationBatchResult(
+            logits_output=target_out.logits_output,
+            next_token_ids=acc.out_tokens.reshape(-1),
+            accept_lens=acc.commit_lens,
+            can_run_cuda_graph=target_out.can_run_cuda_graph,
+            next_draft_input=self._make_next_draft_input_decode(
+                bonus_tokens=acc.bonus, new_seq_lens=new_seq_lens
+            ),
+            speculative_num_draft_tokens=self.block_size,
+            new_seq_lens=new_seq_lens,
+        )
+
+    def _draft_stage(self, batch, draft_input, bs: int, budget: int) -> _Drafted:
+        """The drafter's per-depth top-K and the block's slots; a budget-0 round drafts
+        nothing and keeps only the slots (the drafter's KV commit needs them)."""
         if budget > 0:
             logp, ids, block_ids, positions_2d, cache_loc_2d = self._draft_topk(
                 batch, draft_input, bs
             )
-        else:  # no draft this round: only the block's slots, for the drafter's KV commit
-            block_ids, positions_2d, cache_loc_2d = self._prepare_draft_block(
-                batch, draft_input, bs
-            )
-        if prof is not None:
-            prof.mark(1)
+            return _Drafted(logp, ids, block_ids, positions_2d, cache_loc_2d)
+        block_ids, positions_2d, cache_loc_2d = self._prepare_draft_block(batch, draft_input, bs)
+        return _Drafted(None, None, block_ids, positions_2d, cache_loc_2d)
 
-        # --- tree on the GPU, verify inputs, no host sync.
+    def _tree_stage(self, batch, drafted: _Drafted, bs: int, budget: int):
+        """The tree on the GPU, no host sync (the root-only tree for budget 0)."""
+        roots = drafted.block_ids[:, 0]
         if budget > 0:
-            tree = build_tree(logp, ids, block_ids[:, 0], prefix_lens, budget)
-        else:
-            root = self._root_round(bs)
-            tree = root.tree(block_ids[:, 0], prefix_lens)
-        if prof is not None:
-            prof.mark(2)
+            return build_tree(drafted.logp, drafted.ids, roots, batch.seq_lens, budget)
+        return self._root_round(bs).tree(roots, batch.seq_lens)
+
+    def _verify_stage(self, batch, draft_input, tree, bs: int, width: int, prof):
+        """Verify inputs (slots, mask, positions) and the target's forward over the tree."""
+        prefix_lens = batch.seq_lens
         verify_loc = assign_extend_cache_locs_func(
             req_pool_indices=batch.req_pool_indices,
             req_to_token=self.model_runner.req_to_token_pool.req_to_token,
@@ -650,25 +703,21 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         target_out = self._target_worker.forward_batch_generation(
             batch=None, forward_batch=verify_fb, is_verify=True, skip_attn_backend_init=True
         )
-        logits_output = target_out.logits_output
-        sampling_info = batch.sampling_info
-        if sampling_info is not None:
+        if batch.sampling_info is not None:
             apply_dflash_verify_logits_adjustments(
-                next_token_logits=logits_output.next_token_logits,
-                sampling_info=sampling_info,
+                next_token_logits=target_out.logits_output.next_token_logits,
+                sampling_info=batch.sampling_info,
                 draft_token_num=width,
             )
+        return target_out, vt
 
-        if prof is not None:
-            prof.mark(4)
-
-        # --- acceptance: the target's choice per node, then the greedy walk.
-        logits = logits_output.next_token_logits
+    def _node_choice(self, sampling_info, logits, vt, bs: int, width: int):
+        """The target's token after every node: argmax, a seeded draw, or a sample."""
         if sampling_info is None or sampling_info.is_all_greedy:
-            choice = torch.argmax(logits, dim=-1).view(bs, width)
-        elif seeded_sampling(sampling_info):
+            return torch.argmax(logits, dim=-1).view(bs, width)
+        if seeded_sampling(sampling_info):
             filtered = sampling_info.need_top_k_sampling or sampling_info.need_top_p_sampling
-            choice = seeded_node_targets(
+            return seeded_node_targets(
                 logits,
                 width,
                 sampling_info.temperatures,
@@ -678,37 +727,42 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 top_ks=sampling_info.top_ks if filtered else None,
                 top_ps=sampling_info.top_ps if filtered else None,
             )
-        else:
-            choice = per_node_targets(
-                logits,
-                width,
-                sampling_info.temperatures,
-                top_ks=sampling_info.top_ks if sampling_info.need_top_k_sampling else None,
-                top_ps=sampling_info.top_ps if sampling_info.need_top_p_sampling else None,
-                min_ps=sampling_info.min_ps if sampling_info.need_min_p_sampling else None,
-                renorm=self._renorm,
-            )
-        if budget > 0:
-            acc = greedy_accept(tree, choice, kernel=self._verify_kernel)
-            # --- compaction: accepted nodes' target KV to prefix..prefix+commit-1.
-            move_accept_tokens_to_target_kvcache(
-                batch,
-                acc.accept_index.to(torch.int32),
-                acc.accept_len.to(torch.int32),
-                self.model_runner.token_to_kv_pool_allocator,
-            )
-        else:
+        return per_node_targets(
+            logits,
+            width,
+            sampling_info.temperatures,
+            top_ks=sampling_info.top_ks if sampling_info.need_top_k_sampling else None,
+            top_ps=sampling_info.top_ps if sampling_info.need_top_p_sampling else None,
+            min_ps=sampling_info.min_ps if sampling_info.need_min_p_sampling else None,
+            renorm=self._renorm,
+        )
+
+    def _accept_stage(self, batch, tree, logits_output, vt, bs: int, width: int, budget: int):
+        """The greedy walk over the target's choices, then the accepted nodes' target KV
+        compacted to prefix..prefix+commit-1."""
+        choice = self._node_choice(
+            batch.sampling_info, logits_output.next_token_logits, vt, bs, width
+        )
+        if budget == 0:
             # A root-only tree commits its one node, whose KV the verify already wrote at
             # req_to_token[prefix] (verify_loc): the compaction would copy it onto itself.
-            acc = root.accept(choice)
-        new_seq_lens = prefix_lens + acc.commit_lens.to(prefix_lens.dtype)
-        if on_publish is not None:
-            on_publish(new_seq_lens)
+            return self._root_round(bs).accept(choice)
+        acc = greedy_accept(tree, choice, kernel=self._verify_kernel)
+        move_accept_tokens_to_target_kvcache(
+            batch,
+            acc.accept_index.to(torch.int32),
+            acc.accept_len.to(torch.int32),
+            self.model_runner.token_to_kv_pool_allocator,
+        )
+        return acc
 
-        # --- drafter KV for the committed tokens, from hidden states along the path.
+    def _commit_stage(self, logits_output, acc, drafted: _Drafted, bs: int, budget: int):
+        """The drafter's KV for the committed tokens, from the target's hidden states along
+        the accepted path."""
         hidden = logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DDTree verify requires target hidden states, but got None.")
+        cache_loc_2d, positions_2d = drafted.cache_loc_2d, drafted.positions_2d
         if budget > 0:
             path_hidden = gather_accepted_rows(hidden, acc.accept_index)  # [bs*B, F]
             self._append_target_hidden_to_draft_kv_by_loc(
@@ -730,23 +784,3 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 commit_lens=acc.commit_lens,
             )
         logits_output.hidden_states = None
-        if prof is not None:
-            prof.mark(5)
-        if meter is not None:
-            cands = self._counted_budgets(key, budget)
-            counts = (
-                adaptive_mod.path_counts(acc.accept_index, width, cands[1]) if cands[0] else None
-            )
-            meter.end(key, budget, bs, cands[0], counts)
-
-        return GenerationBatchResult(
-            logits_output=logits_output,
-            next_token_ids=acc.out_tokens.reshape(-1),
-            accept_lens=acc.commit_lens,
-            can_run_cuda_graph=target_out.can_run_cuda_graph,
-            next_draft_input=self._make_next_draft_input_decode(
-                bonus_tokens=acc.bonus, new_seq_lens=new_seq_lens
-            ),
-            speculative_num_draft_tokens=self.block_size,
-            new_seq_lens=new_seq_lens,
-        )

@@ -24,35 +24,19 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sglang_dflash.sglang_overlay import settings
+from sglang_dflash.sglang_overlay.adaptive import HostEvent  # the meter's host clock
 
 PROFILE_ENV = settings.PROFILE_ENV
 EVERY_ENV = settings.PROFILE_EVERY_ENV
 STAGES = ("draft", "tree", "prep", "verify", "commit")
 MARKS = len(STAGES) + 1
 DEFAULT_EVERY = 64
-
-
-class HostEvent:
-    """A CPU stand-in for ``torch.cuda.Event(enable_timing=True)`` (CPU devices, tests)."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def record(self) -> None:
-        self.t = time.perf_counter()
-
-    def synchronize(self) -> None:
-        return None
-
-    def elapsed_time(self, end: HostEvent) -> float:
-        return (end.t - self.t) * 1000.0
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,47 @@
+"""The production round keeps diagnostics out: worker.py imports the test-only plant, the
+profiler and the tracer only inside the loaders that run when their variable is set, and the
+round is split into one method per profiled stage."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+WORKER = Path(__file__).resolve().parents[2] / "src/sglang_dflash/sglang_overlay/worker.py"
+TREE = ast.parse(WORKER.read_text())
+
+
+def _imports(nodes) -> set[str]:
+    out = set()
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out |= {f"{node.module}.{a.name}" for a in node.names} | {node.module}
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+    return out
+
+
+def test_no_module_level_import_of_diagnostics():
+    top = _imports(TREE.body)
+    assert not [m for m in top if ".diagnostics" in m], sorted(top)
+
+
+def _methods() -> dict[str, ast.FunctionDef]:
+    (cls,) = [n for n in TREE.body if isinstance(n, ast.ClassDef)
+              and any(isinstance(f, ast.FunctionDef) and f.name == "_ddtree_round"
+                      for f in n.body)]
+    return {f.name: f for f in cls.body if isinstance(f, ast.FunctionDef)}
+
+
+def test_diagnostics_are_imported_only_by_their_loaders():
+    users = {name for name, fn in _methods().items()
+             if any(".diagnostics" in m for m in _imports(ast.walk(fn)))}
+    assert users == {"_load_plant", "_load_profiler", "_load_tracer", "_apply_plant"}
+
+
+def test_the_round_calls_one_method_per_stage_in_order():
+    calls = [n.func.attr for n in ast.walk(_methods()["_ddtree_round"])
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+             and n.func.attr.endswith("_stage")]
+    assert calls == ["_draft_stage", "_tree_stage", "_verify_stage", "_accept_stage",
+                     "_commit_stage"]
