@@ -1,0 +1,953 @@
+"""Adaptive grid (issue 14 item 4): output tok/s and accept length of every speculation mode on
+planted acceptance regimes at c = 1 ... 64, dummy weights, 256-token greedy outputs.
+
+Runs ON the GPU host (no network; the staged site dir first on PYTHONPATH), from the repo root:
+
+    PYTHONPATH=/root/site:src:benchmarks python3 -m adaptive_grid --out /root/grid \\
+        --time-budget-s 540
+
+Flow (docs/ddtree.md "Adaptive grid: the command"): write 4B- (or 8B-) shaped dummy target and
+draft configs under --out/models; per regime --prompts-per-regime random-id prompts (seeded,
+distinct across regimes: the plant is keyed by prompt ids). Phase ``none`` first: a
+no-speculation server takes the greedy continuations of every prompt (256 + 16 + 1 tokens,
+kept in --out/continuations.json) and benches each level over all prompts (none's speed does not
+depend on the regime; its cells are shared across regimes). From the continuations and each
+regime's rank pattern (scripts/gpu_e2e.py PLANT_SCHEDULES) it writes --out/plant.json. Then
+``dflash``: stock DFLASH, one server per regime with SGLANG_SIMULATE_ACC_LEN = the regime's
+linear-chain accept length (what DFLASH gets from the same drafter); then one server per DDTree
+mode (``ddtree-<N>`` fixed, ``ddtree-adaptive``) with the plant, benching each regime's
+prompts at each level, and after each regime ``check --url`` (and, for adaptive, the policy
+summary from /server_info).
+
+Resumable and time-bounded: --out/results.json is rewritten after every bench; cells already
+there are skipped, and a server whose remaining cells cannot fit in --time-budget-s (start
+estimate + per-level estimates) is skipped with the reason recorded, never cut off, so
+back-to-back calls with the same --out finish the grid. The grid (--grid-json) is rewritten
+too. ``--plot GRID_JSON PNG`` draws it (matplotlib, on any machine afterwards).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import contextlib
+import importlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import random
+import shlex
+import shutil
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import gpu_e2e as e2e  # scripts/ is not a package
+
+NEW_TOKENS = 256
+BLOCK = e2e.BLOCK  # the draft's block size: 15 drafts + the bonus per round at most
+CONT_TOKENS = NEW_TOKENS + BLOCK + 1  # every depth drafted in the last round is planted
+LEVELS = (1, 2, 4, 8, 16, 32, 64)
+REGIMES = ("absent", "branchy", "chain")
+MODES = ("none", "dflash", "ddtree-8", "ddtree-16", "ddtree-64", "ddtree-adaptive")
+SCHEDULES = dict(e2e.PLANT_SCHEDULES)
+MIN_REQUESTS_PER_LEVEL = 4
+PROMPT_LEN = (64, 512)
+CONTEXT_LENGTH = 2048
+CHECK_ESTIMATE_S = 6.0
+BENCH_OVERHEAD_S = 2.0  # a bench process's start and its warm-up request
+STOP_S = 15.0  # a server's stop, after its last level
+ADAPTIVE_EXTRA_S = 30.0  # an adaptive server captures graphs for several widths
+TOKEN_CAP = 512  # verified tokens per round above which a round's cost grows (docs/ddtree.md)
+CONTINUATIONS_ESTIMATE_S = 30.0
+TARGET_VS_BEST = 0.95  # adaptive / max(none, dflash) at every (regime, c)
+TARGET_BRANCHY = 1.3  # adaptive / dflash on branchy at c <= 8
+BRANCHY_MAX_C = 8
+POLICY_CHECK = "ddtree_policy"
+
+# Qwen3-4B's config.json fields; the rest (and the 8B shape) are gpu_e2e's.
+SHAPE_4B = {"hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+            "vocab_size": 151936, "tie_word_embeddings": True}
+SHAPES = ("4b", "8b")
+
+
+def overlay_module(name: str):
+    """``plant`` / ``plant_oracle`` of ``sglang_dflash.sglang_overlay``, wherever they live.
+
+    They are being moved into ``sglang_overlay/diagnostics/`` (a concurrent change), and the
+    staged site on the GPU host may hold either layout: take the new path when it exists, the
+    old one otherwise. Remove this shim (import the new path) once the move has landed and been
+    staged.
+    """
+    new_pkg = "sglang_dflash.sglang_overlay.diagnostics"
+    new = f"{new_pkg}.{name}"
+    if importlib.util.find_spec(new_pkg) is not None and importlib.util.find_spec(new):
+        return importlib.import_module(new)
+    return importlib.import_module(f"sglang_dflash.sglang_overlay.{name}")
+
+
+class UsageError(Exception):
+    """A bad flag or a --out that does not fit: one line on stderr, exit 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not argparse's usage block
+        raise UsageError(message)
+
+
+# ---- pure parts -----------------------------------------------------------------------------
+
+
+def shape_configs(shape: str) -> tuple[dict, dict]:
+    """The (target, draft) config.json of a shape: ``8b`` = gpu_e2e's, ``4b`` = the same with
+    Qwen3-4B's fields (the draft keeps one layer, block 16 and its DFlash fields)."""
+    if shape == "8b":
+        return dict(e2e.TARGET_CONFIG), json.loads(json.dumps(e2e.DRAFT_CONFIG))
+    if shape != "4b":
+        raise UsageError(f"unknown --shape {shape!r}: {', '.join(SHAPES)}")
+    target = e2e.TARGET_CONFIG | SHAPE_4B
+    draft = json.loads(json.dumps(e2e.DRAFT_CONFIG)) | {
+        k: v for k, v in SHAPE_4B.items() if k != "num_hidden_layers"}
+    draft["num_target_layers"] = SHAPE_4B["num_hidden_layers"]
+    return target, draft
+
+
+def write_models(root: Path, target_cfg: dict, draft_cfg: dict) -> tuple[Path, Path]:
+    target, draft = root / "target", root / "draft"
+    for path, cfg in ((target, target_cfg), (draft, draft_cfg)):
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "config.json").write_text(json.dumps(cfg, indent=1))
+    return target, draft
+
+
+def make_prompts(regimes: list[str], n: int, vocab: int, seed: int) -> dict[str, list[list[int]]]:
+    """``n`` random-id prompts per regime (lengths 64..512, ids in [1000, vocab - 1000)).
+
+    Each regime has its own rng (seeded by seed and name), so a regime's prompts do not depend
+    on which other regimes run; they must differ across regimes (the plant is keyed by ids).
+    """
+    out: dict[str, list[list[int]]] = {}
+    seen: set[tuple[int, ...]] = set()
+    for regime in regimes:
+        rng = random.Random(f"adaptive-grid:{seed}:{regime}")
+        rows = []
+        while len(rows) < n:
+            ids = [rng.randrange(1000, vocab - 1000)
+                   for _ in range(rng.randint(*PROMPT_LEN))]
+            if tuple(ids) not in seen:  # never in practice; kept so the plant stays unambiguous
+                seen.add(tuple(ids))
+                rows.append(ids)
+        out[regime] = rows
+    return out
+
+
+def linear_accept_length(ranks: list[int], tokens: int = NEW_TOKENS,
+                         max_accept: int = BLOCK - 1) -> float:
+    """Committed tokens per round of a linear chain over ``tokens`` tokens: each round accepts
+    the consecutive rank-0 drafts after the bonus token (at most ``max_accept``) and commits
+    them plus one. ``ranks[i]`` is the planted rank of continuation token i (gpu_e2e's
+    schedule_ranks); what stock DFLASH earns from the same planted drafter."""
+    pos, rounds = 0, 0
+    while pos < tokens:
+        a = 0
+        while a < max_accept and pos + a + 1 < len(ranks) and ranks[pos + a + 1] == 0:
+            a += 1
+        pos += a + 1
+        rounds += 1
+    return tokens / rounds
+
+
+def regime_ranks(regime: str, n: int) -> list[int]:
+    return e2e.schedule_ranks(SCHEDULES[regime], n)
+
+
+def regime_linear_accept(regime: str, conts: list[list[int]] | None = None,
+                         n_prompts: int = 1) -> float:
+    """Average of linear_accept_length over the regime's prompts (equal lengths, so equal)."""
+    lengths = [len(c) for c in conts] if conts else [CONT_TOKENS] * n_prompts
+    vals = [linear_accept_length(regime_ranks(regime, n)) for n in lengths]
+    return round(sum(vals) / len(vals), 4)
+
+
+@dataclass(frozen=True)
+class Mode:
+    label: str  # none | dflash | ddtree-<N> | ddtree-adaptive
+    algorithm: str
+    budget: int | None = None
+    adaptive: bool = False
+
+    @property
+    def policy(self) -> str | None:
+        if self.algorithm != "ddtree":
+            return None
+        return "adaptive" if self.adaptive else "fixed"
+
+
+def parse_mode(label: str, adaptive_budget: int) -> Mode:
+    if label in ("none", "dflash"):
+        return Mode(label, label)
+    if label == "ddtree-adaptive":
+        return Mode(label, "ddtree", adaptive_budget, True)
+    head, _, n = label.partition("-")
+    if head == "ddtree" and n.isdigit() and int(n) > 0:
+        return Mode(label, "ddtree", int(n))
+    raise UsageError(f"unknown mode {label!r}: none, dflash, ddtree-<N>, ddtree-adaptive")
+
+
+def round_cost(mode: Mode, c: int) -> float:
+    """A round's cost relative to a plain decoding step at the same c, for time estimates only:
+    about flat up to TOKEN_CAP verified tokens (c x width) and growing with them beyond; a
+    speculative round (draft + verify + walk) costs about two decode steps."""
+    width = 1 if mode.algorithm == "none" else 16 if mode.algorithm == "dflash" \
+        else (mode.budget or 0) + 1
+    return (1.0 if mode.algorithm == "none" else 2.0) * (1 + c * width / TOKEN_CAP)
+
+
+def parse_list(text: str, what: str) -> list[str]:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not items:
+        raise UsageError(f"--{what} is empty")
+    if len(set(items)) != len(items):
+        raise UsageError(f"--{what} {text!r} names an entry twice")
+    return items
+
+
+def parse_levels(text: str) -> list[int]:
+    items = parse_list(text, "levels")
+    if not all(x.isdigit() and int(x) > 0 for x in items):
+        raise UsageError(f"--levels {text!r}: positive integers, e.g. 1,2,4,8")
+    return sorted(int(x) for x in items)
+
+
+def parse_regimes(text: str) -> list[str]:
+    items = parse_list(text, "regimes")
+    for r in items:
+        if r not in SCHEDULES:
+            raise UsageError(f"unknown regime {r!r}: {', '.join(SCHEDULES)}")
+    return items
+
+
+def plant_document(prompts: dict[str, list[list[int]]], conts: dict[tuple, list[int]]) -> dict:
+    """The TEST-ONLY plant file: every regime's prompts with that regime's ranks."""
+    reqs = []
+    for regime, rows in prompts.items():
+        for ids in rows:
+            cont = conts[tuple(ids)]
+            reqs.append({"input_ids": ids, "continuation": cont,
+                         "ranks": regime_ranks(regime, len(cont))})
+    return {"test_only": True, "requests": reqs, "logp_profile": list(e2e.PLANT_PROFILE)}
+
+
+def cell_key(regime: str, mode: str, c: int) -> str:
+    return f"{regime}|{mode}|{c}"
+
+
+def grid_cells(results: dict, regimes: list[str], modes: list[str],
+               levels: list[int]) -> list[dict]:
+    """The measured cells in grid order (regime, mode, concurrency); none's are shared."""
+    cells = []
+    for regime in regimes:
+        for mode in modes:
+            for c in levels:
+                if mode == "none":
+                    rec = results.get("none_levels", {}).get(str(c))
+                else:
+                    rec = results.get("cells", {}).get(cell_key(regime, mode, c))
+                if not rec or rec.get("tok_s") is None:
+                    continue
+                cell = {"regime": regime, "concurrency": c, "mode": mode,
+                        "tok_s": rec["tok_s"], "accept_length": rec.get("accept_length")}
+                if mode == "none":
+                    cell["shared_across_regimes"] = True
+                cells.append(cell)
+    return cells
+
+
+def targets(cells: list[dict]) -> list[dict]:
+    """Issue 14's targets for every (regime, c) whose cells are there."""
+    at = {(x["regime"], x["concurrency"], x["mode"]): x["tok_s"] for x in cells}
+    out = []
+    for regime, c in sorted({(x["regime"], x["concurrency"]) for x in cells},
+                            key=lambda rc: (rc[0], rc[1])):
+        ada = at.get((regime, c, "ddtree-adaptive"))
+        none, dflash = at.get((regime, c, "none")), at.get((regime, c, "dflash"))
+        if ada is not None and none is not None and dflash is not None:
+            best = max(none, dflash)
+            ratio = ada / best if best else None
+            out.append({"regime": regime, "concurrency": c,
+                        "target": "ddtree-adaptive / max(none, dflash)",
+                        "ratio": None if ratio is None else round(ratio, 4),
+                        "threshold": TARGET_VS_BEST,
+                        "pass": ratio is not None and ratio >= TARGET_VS_BEST})
+        if regime == "branchy" and c <= BRANCHY_MAX_C and ada is not None and dflash is not None:
+            ratio = ada / dflash if dflash else None
+            out.append({"regime": regime, "concurrency": c,
+                        "target": "ddtree-adaptive / dflash",
+                        "ratio": None if ratio is None else round(ratio, 4),
+                        "threshold": TARGET_BRANCHY,
+                        "pass": ratio is not None and ratio >= TARGET_BRANCHY})
+    return out
+
+
+def grid_document(results: dict, regimes: list[str], modes: list[str],
+                  levels: list[int]) -> dict:
+    cells = grid_cells(results, regimes, modes, levels)
+    return {"cells": cells, "commands": list(results.get("commands", [])),
+            "machine": results.get("machine", {}), "targets": targets(cells),
+            "linear_accept_length": {r: results.get("linear_accept_length", {}).get(r)
+                                     for r in regimes}}
+
+
+def plot(grid_path: Path, png: Path) -> None:
+    """One panel per regime: tok/s against concurrency (log2 x, log y), a line per mode."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    try:
+        grid = json.loads(grid_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{grid_path}: cannot read a grid file ({exc})") from None
+    cells = grid.get("cells", [])
+    regimes = list(dict.fromkeys(x["regime"] for x in cells))
+    modes = list(dict.fromkeys(x["mode"] for x in cells))
+    if not regimes:
+        raise UsageError(f"{grid_path}: no cells to plot")
+    markers = "osD^v<>phX*"
+    fig, axes = plt.subplots(1, len(regimes), figsize=(5 * len(regimes), 4.2), squeeze=False,
+                             sharey=True)
+    lin = grid.get("linear_accept_length", {})
+    for ax, regime in zip(axes[0], regimes, strict=True):
+        for i, mode in enumerate(modes):
+            pts = sorted((x["concurrency"], x["tok_s"]) for x in cells
+                         if x["regime"] == regime and x["mode"] == mode)
+            if pts:
+                ax.plot(*zip(*pts, strict=True), marker=markers[i % len(markers)],
+                        markersize=7, markerfacecolor="none", linewidth=1.4, label=mode,
+                        clip_on=False, zorder=3 + i)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        levels = sorted({x["concurrency"] for x in cells})
+        ax.set_xticks(levels, [str(c) for c in levels])
+        ax.margins(x=0.08, y=0.1)
+        acc = lin.get(regime)
+        ax.set_title(f"{regime}" + (f" (linear accept {acc:g})" if acc else ""))
+        ax.set_xlabel("concurrency")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("output tok/s")
+    axes[0][-1].legend(fontsize=8)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+# ---- the run --------------------------------------------------------------------------------
+
+
+NONE = Mode("none", "none")
+DFLASH = Mode("dflash", "dflash")
+
+
+@dataclass
+class Opts:
+    """What gpu_e2e.running_server reads (out, env, clock), plus this command's settings."""
+
+    out: Path
+    env: dict
+    clock: e2e.Clock
+    models: tuple[Path, Path]
+    backend: str
+    port: int
+    levels: list[int]
+    regimes: list[str]
+    modes: list[Mode]
+    requests_per_level: int
+    start_estimate_s: float
+    level_estimate_s: float
+    grid_json: Path
+    keep_records: bool = False
+    settings: dict = field(default_factory=dict)
+
+
+def server_config(opts: Opts, name: str, mode: Mode, environment: dict | None = None) -> dict:
+    extra = ["--sampling-backend", "pytorch", "--cuda-graph-max-bs", str(max(opts.levels)),
+             "--cuda-graph-backend-prefill", "disabled"]
+    target, draft = opts.models
+    cfg: dict = {
+        "name": name, "model": str(target), "algorithm": mode.algorithm, "port": opts.port,
+        "gpus": [0], "memFractionStatic": 0.7, "attentionBackend": opts.backend,
+        "contextLength": CONTEXT_LENGTH, "loadFormat": "dummy", "skipTokenizerInit": True,
+        "preflight": False, "startTimeout": 420, "extraArgs": extra,
+    }
+    if mode.algorithm != "none":
+        cfg |= {"draftModel": str(draft), "draftLoadFormat": "dummy",
+                "draftAttentionBackend": opts.backend}
+    if mode.algorithm == "ddtree":
+        cfg["ddtree"] = {"budget": mode.budget, "policy": mode.policy}
+    if environment:
+        cfg["environment"] = environment
+    return cfg
+
+
+def machine() -> dict:
+    out: dict = {"gpu": None, "driver": None, "python": platform.python_version(),
+                 "torch": None}
+    if shutil.which("nvidia-smi"):
+        r = e2e.sh(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                   timeout=30)
+        first = (r["stdout"].strip().splitlines() or [""])[0]
+        name, _, driver = first.partition(",")
+        out["gpu"], out["driver"] = name.strip() or None, driver.strip() or None
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        out["torch"] = importlib.metadata.version("torch")
+    return out
+
+
+class Grid:
+    def __init__(self, opts: Opts, argv: list[str]) -> None:
+        self.opts = opts
+        self.path = opts.out / "results.json"
+        self.results = self._load()
+        self.oracle_found: dict[tuple[str, str], object] = {}  # (regime, budget) -> accept
+        self.run = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "argv": argv, "servers_started": 0, "benches": 0, "skipped": {}}
+        self.results["runs"].append(self.run)
+        self.results["commands"].append(
+            shlex.join([sys.executable, "-m", "adaptive_grid", *argv]))
+        self.results["machine"] = machine()
+        self.oracle_thread: threading.Thread | None = None
+
+    def _load(self) -> dict:
+        fresh = {"settings": self.opts.settings, "prompts": {}, "linear_accept_length": {},
+                 "oracle_accept_length": {}, "none_levels": {}, "cells": {}, "checks": {},
+                 "policy_state": {}, "servers": {}, "runs": [], "commands": []}
+        old = earlier_results(self.path, self.opts.settings)
+        return fresh if old is None else fresh | old
+
+    # -- bookkeeping --
+
+    def save(self) -> None:
+        for (regime, budget), value in list(self.oracle_found.items()):  # atomic copy
+            if regime == "error":
+                self.results["oracle_error"] = value
+            else:
+                self.results["oracle_accept_length"].setdefault(regime, {})[budget] = value
+        self.run["elapsed_s"] = round(time.monotonic() - self.opts.clock.t0, 1)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.results, indent=1))
+        tmp.replace(self.path)
+        grid = grid_document(self.results, self.opts.regimes, [m.label for m in self.opts.modes],
+                             self.opts.levels)
+        self.opts.grid_json.parent.mkdir(parents=True, exist_ok=True)
+        self.opts.grid_json.write_text(json.dumps(grid, indent=1))
+
+    def command(self, cmd: list[str]) -> None:
+        self.results["commands"].append(shlex.join(cmd))
+
+    def skip(self, server: str, reason: str) -> None:
+        self.run["skipped"][server] = reason
+        print(f"[adaptive_grid] skip {server}: {reason}", flush=True)
+
+    def done(self, regime: str, mode: str, c: int) -> bool:
+        if mode == "none":
+            rec = self.results["none_levels"].get(str(c))
+        else:
+            rec = self.results["cells"].get(cell_key(regime, mode, c))
+        return bool(rec) and rec.get("tok_s") is not None
+
+    def mode(self, label: str) -> Mode:
+        return parse_mode(label, self.opts.settings["adaptive_budget"])
+
+    def expected_accept(self, mode: Mode, regime: str | None) -> float:
+        """What a (mode, regime) should accept: 1 without speculation, the linear chain for
+        DFLASH, the CPU oracle (once it is there, else the linear chain) for DDTree."""
+        if mode.algorithm == "none" or regime is None:
+            return 1.0
+        linear = self.results["linear_accept_length"].get(regime) or 1.0
+        if mode.algorithm == "dflash":
+            return linear
+        return self.results["oracle_accept_length"].get(regime, {}).get(str(mode.budget),
+                                                                          linear)
+
+    def level_estimate(self, mode: Mode, regime: str | None, c: int) -> float:
+        """Seconds for one level (x 1.2), from the measured levels at the same c: a level's
+        work scales with rounds (1 / accept length) and, across modes, with round_cost; the
+        same mode's measurements are preferred. --level-estimate-s before any."""
+        rows = [*({"regime": k.split("|")[0], **r} for k, r in self.results["cells"].items()),
+                *({"mode": "none", "regime": None, **r}
+                  for r in self.results["none_levels"].values())]
+        rows = [r for r in rows if r.get("tok_s") is not None and r.get("seconds")
+                and r.get("concurrency") == c]
+        same = [r for r in rows if r["mode"] == mode.label]
+        accept = self.expected_accept(mode, regime)
+        preds = []
+        for r in same or rows:
+            m = self.mode(r["mode"])
+            a = r.get("accept_length") or self.expected_accept(m, r["regime"])
+            scale = a / accept * round_cost(mode, c) / round_cost(m, c)
+            preds.append(BENCH_OVERHEAD_S + max(r["seconds"] - BENCH_OVERHEAD_S, 0.0) * scale)
+        return 1.2 * max(preds) if preds else self.opts.level_estimate_s
+
+    def start_estimate(self, mode: Mode) -> float:
+        """A server's start and stop: the slowest measured start (of this mode if any) plus
+        the stop, else --start-estimate-s; an adaptive server has more graphs to capture."""
+        ready = [(name, rec["ready_seconds"]) for name, recs in self.results["servers"].items()
+                 for rec in recs if rec.get("ready_seconds")]
+        same = [t for name, t in ready if name.split("-")[0] == mode.label.split("-")[0]
+                and (mode.algorithm != "ddtree" or name == mode.label)]
+        if same:
+            return max(same) + STOP_S
+        if ready:
+            return max(t for _, t in ready) + STOP_S + (ADAPTIVE_EXTRA_S if mode.adaptive else 0)
+        return self.opts.start_estimate_s
+
+    def fits(self, server: str, seconds: float) -> bool:
+        left = self.opts.clock.left()
+        if left < seconds:
+            self.skip(server, f"time budget: needs ~{seconds:.0f}s (start + its levels), "
+                              f"{left:.0f}s left")
+            return False
+        return True
+
+    # -- servers --
+
+    def server(self, name: str, cfg: dict):
+        self.command(e2e.cli(["serve", "--config", str(self.opts.out / f"config-{name}.json"),
+                              "--poll-interval", "0.5"]))
+        self.run["servers_started"] += 1
+        return e2e.running_server(self.opts, cfg, name)
+
+    def record_server(self, name: str, rec: dict) -> None:
+        keep = {k: v for k, v in rec.items() if k != "log_tail"}
+        keep["log_tail"] = rec.get("log_tail", "")[-3000:]
+        keep["run"] = len(self.results["runs"]) - 1
+        self.results["servers"].setdefault(name, []).append(keep)
+        self.save()
+
+    def check(self, url: str, mode: Mode) -> dict:
+        args = ["check", "--url", url, "--layer", "live", "--expect-algorithm", mode.algorithm]
+        if mode.budget is not None:
+            args += ["--expect-ddtree-budget", str(mode.budget),
+                     "--expect-ddtree-policy", mode.policy]
+        cmd = e2e.cli(args)
+        self.command(cmd)
+        res = e2e.sh(cmd, env=self.opts.env, timeout=120)
+        line = next((ln.strip() for ln in res["stdout"].splitlines() if POLICY_CHECK in ln),
+                    None)
+        return {"rc": res["rc"], "policy_line": line, "stdout": res["stdout"][-2000:]}
+
+    def bench(self, url: str, name: str, prompts: Path, mode: Mode, regime: str | None,
+              c: int, first: bool) -> dict | None:
+        """One `sglang-dflash bench` level: requests_per_level x c requests of 256 tokens."""
+        left = self.opts.clock.left()
+        if left < self.level_estimate(mode, regime, c) + 10:
+            return None
+        out = self.opts.out / f"bench-{name}-c{c}.json"
+        cmd = e2e.cli(["bench", "--url", url, "--concurrency", str(c), "--num-prompts",
+                       str(self.opts.requests_per_level * c), "--max-new-tokens",
+                       str(NEW_TOKENS), "--temperature", "0", "--ignore-eos", "--prompts",
+                       str(prompts), "--warmup", "1" if first else "0", "--json", str(out),
+                       "--quiet"])
+        self.command(cmd)
+        res = e2e.sh(cmd, env=self.opts.env, timeout=max(30.0, min(600.0, left - 10)))
+        self.run["benches"] += 1
+        row: dict = {"mode": mode.label, "concurrency": c, "rc": res["rc"],
+                     "seconds": res["seconds"], "tok_s": None, "accept_length": None,
+                     "run": len(self.results["runs"]) - 1, "bench_json": out.name}
+        if out.exists():
+            doc = json.loads(out.read_text())
+            if not self.opts.keep_records:  # ~7 kB per request: 60 MB over the grid
+                out.write_text(json.dumps({k: v for k, v in doc.items() if k != "records"},
+                                          indent=1))
+            summ = [s for s in doc.get("summaries", []) if s.get("concurrency") == c]
+            if summ:
+                s = summ[0]
+                row |= {"tok_s": s.get("output_tokens_per_s"),
+                        "accept_length": s.get("accept_length"),
+                        "requests": s.get("requests"), "ok": s.get("ok"),
+                        "errors": s.get("errors"), "latency_p50": s.get("latency_p50"),
+                        "itl_p50": s.get("itl_p50")}
+        if res["rc"] != 0:
+            row["stderr"] = res["stderr"][-1500:]
+        return row
+
+    def bench_levels(self, url: str, name: str, prompts: Path, mode: Mode,
+                     regime: str | None, first: bool) -> bool:
+        """Every missing level of (regime, mode), files named after ``name``; False when the
+        time budget stopped it."""
+        for c in self.opts.levels:
+            if self.done(regime or "", mode.label, c):
+                continue
+            row = self.bench(url, name, prompts, mode, regime, c, first)
+            if row is None:
+                self.skip(f"{name} c={c}", "time budget: the level would not finish")
+                return False
+            first = False
+            if mode.algorithm == "none":
+                self.results["none_levels"][str(c)] = row | {"shared_across_regimes": True}
+            else:
+                self.results["cells"][cell_key(regime, mode.label, c)] = row | {"regime": regime}
+            self.save()
+            tok_s, acc = row["tok_s"], row["accept_length"]
+            print(f"[adaptive_grid] {name} c={c}: "
+                  f"{'-' if tok_s is None else f'{tok_s:.1f}'} tok/s, accept "
+                  f"{'-' if acc is None else f'{acc:.2f}'} ({row['seconds']}s)", flush=True)
+        return True
+
+    # -- phases --
+
+    def prompt_file(self, name: str, rows: list[list[int]]) -> Path:
+        path = self.opts.out / f"prompts-{name}.jsonl"
+        path.write_text("".join(json.dumps({"input_ids": ids}) + "\n" for ids in rows))
+        return path
+
+    def load_continuations(self, prompts: list[list[int]]) -> dict[tuple, list[int]] | None:
+        path = self.opts.out / "continuations.json"
+        if not path.exists():
+            return None
+        doc = json.loads(path.read_text())
+        if doc.get("shape") != self.opts.settings["shape"] or \
+                doc.get("backend") != self.opts.backend:
+            return None
+        have = {tuple(x["input_ids"]): x["continuation"] for x in doc.get("items", [])}
+        if all(len(have.get(tuple(ids), ())) >= CONT_TOKENS for ids in prompts):
+            return {tuple(ids): have[tuple(ids)][:CONT_TOKENS] for ids in prompts}
+        return None
+
+    def take_continuations(self, url: str, prompts: list[list[int]]) -> dict[tuple, list[int]]:
+        """Greedy continuations of every prompt, all at once, saved to continuations.json."""
+        def one(ids: list[int]) -> list[int]:
+            r = e2e.http_json(url + "/generate", {"input_ids": ids, "sampling_params": {
+                "temperature": 0, "max_new_tokens": CONT_TOKENS, "ignore_eos": True}},
+                timeout=300)
+            return r["output_ids"]
+
+        t0 = time.monotonic()
+        with cf.ThreadPoolExecutor(len(prompts)) as pool:
+            outs = list(pool.map(one, prompts))
+        doc = {"shape": self.opts.settings["shape"], "backend": self.opts.backend,
+               "tokens": CONT_TOKENS, "seconds": round(time.monotonic() - t0, 2),
+               "items": [{"input_ids": ids, "continuation": o}
+                         for ids, o in zip(prompts, outs, strict=True)]}
+        (self.opts.out / "continuations.json").write_text(json.dumps(doc))
+        return {tuple(ids): o for ids, o in zip(prompts, outs, strict=True)}
+
+    def phase_none(self, prompts: dict[str, list[list[int]]]) -> dict | None:
+        """The no-speculation server: continuations (if missing) and none's cells."""
+        every = [ids for rows in prompts.values() for ids in rows]
+        conts = self.load_continuations(every)
+        want_none = any(m.label == "none" for m in self.opts.modes)
+        missing = [c for c in self.opts.levels if want_none and not self.done("", "none", c)]
+        if conts is not None and not missing:
+            return conts
+        name = "none"
+        est = self.start_estimate(NONE) + CHECK_ESTIMATE_S \
+            + (CONTINUATIONS_ESTIMATE_S if conts is None else 0) \
+            + sum(self.level_estimate(NONE, None, c) for c in missing)
+        if not self.fits(name, est):
+            return conts
+        pfile = self.prompt_file("all", every)
+        with self.server(name, server_config(self.opts, name, NONE)) as (url, rec):
+            if rec["ready_seconds"]:
+                if conts is None:
+                    conts = self.take_continuations(url, every)
+                    rec["continuations"] = len(conts)
+                if missing:
+                    self.bench_levels(url, name, pfile, NONE, None, first=True)
+                self.results["checks"].setdefault("none", {})["*"] = self.check(url, NONE)
+        self.record_server(name, rec)
+        return conts
+
+    def phase_dflash(self, prompts: dict[str, list[list[int]]]) -> None:
+        for regime in self.opts.regimes:
+            missing = [c for c in self.opts.levels if not self.done(regime, "dflash", c)]
+            if not missing:
+                continue
+            name = f"dflash-{regime}"
+            est = self.start_estimate(DFLASH) + CHECK_ESTIMATE_S \
+                + sum(self.level_estimate(DFLASH, regime, c) for c in missing)
+            if not self.fits(name, est):
+                continue
+            acc = self.results["linear_accept_length"][regime]
+            env = {"SGLANG_SIMULATE_ACC_LEN": str(acc)}
+            cfg = server_config(self.opts, name, DFLASH, env)
+            pfile = self.prompt_file(regime, prompts[regime])
+            with self.server(name, cfg) as (url, rec):
+                rec["simulate_acc_len"] = acc
+                if rec["ready_seconds"]:
+                    self.bench_levels(url, name, pfile, DFLASH, regime, first=True)
+                    self.results["checks"].setdefault("dflash", {})[regime] = self.check(
+                        url, DFLASH)
+            self.record_server(name, rec)
+
+    def phase_ddtree(self, mode: Mode, prompts: dict[str, list[list[int]]],
+                     plant: Path | None) -> None:
+        todo = {r: [c for c in self.opts.levels if not self.done(r, mode.label, c)]
+                for r in self.opts.regimes}
+        todo = {r: cs for r, cs in todo.items() if cs}
+        if not todo:
+            return
+        name = mode.label
+        if plant is None:
+            self.skip(name, "no continuations (phase none did not run): nothing to plant")
+            return
+        est = self.start_estimate(mode) + sum(
+            CHECK_ESTIMATE_S + sum(self.level_estimate(mode, r, c) for c in cs)
+            for r, cs in todo.items())
+        if not self.fits(name, est):
+            return
+        # Not SGLANG_DFLASH_DDTREE_PROFILE: the per-round profiler adds host work.
+        cfg = server_config(self.opts, name, mode, {"SGLANG_DFLASH_DDTREE_PLANT": str(plant)})
+        first = True
+        with self.server(name, cfg) as (url, rec):
+            rec["plant_file"] = str(plant)
+            if rec["ready_seconds"]:
+                for regime in todo:
+                    pfile = self.prompt_file(regime, prompts[regime])
+                    finished = self.bench_levels(url, f"{name}-{regime}", pfile, mode, regime,
+                                                 first)
+                    first = False
+                    self.results["checks"].setdefault(mode.label, {})[regime] = \
+                        self.check(url, mode)
+                    if mode.adaptive:
+                        self.results["policy_state"].setdefault(mode.label, {})[regime] = \
+                            policy_state(url)
+                    self.save()
+                    if not finished:
+                        break
+        self.record_server(name, rec)
+
+    def oracle(self, conts_len: int) -> None:
+        """The CPU oracle's accept length per (regime, budget) of the planted profile, in a
+        thread: seconds per pair on a CPU core, while the none server starts. Context for the
+        measured accept lengths (exact for fixed budgets where plant_oracle.boundary_margin
+        is clear; for adaptive, the accept length of its largest budget)."""
+        budgets = sorted({m.budget for m in self.opts.modes if m.budget is not None})
+        todo = [(r, b) for r in self.opts.regimes for b in budgets
+                if str(b) not in self.results["oracle_accept_length"].get(r, {})]
+        if not todo:
+            return
+
+        def work() -> None:  # writes only self.oracle_found; save() merges it
+            try:
+                plant_mod, oracle_mod = overlay_module("plant"), overlay_module("plant_oracle")
+                for regime, budget in todo:
+                    req = plant_mod.PlantedRequest((0,), tuple(range(conts_len)),
+                                                   tuple(regime_ranks(regime, conts_len)))
+                    rounds = oracle_mod.expected_rounds(
+                        req, e2e.PLANT_PROFILE, budget=budget, block_size=BLOCK,
+                        vocab=self.opts.settings["vocab"], max_new_tokens=NEW_TOKENS)
+                    self.oracle_found[(regime, str(budget))] = round(NEW_TOKENS / len(rounds), 4)
+            except Exception as exc:  # the oracle is context, never worth the run
+                self.oracle_found[("error", "")] = f"{type(exc).__name__}: {exc}"
+
+        self.oracle_thread = threading.Thread(target=work, daemon=True)
+        self.oracle_thread.start()
+
+    def main(self) -> None:
+        opts = self.opts
+        vocab = opts.settings["vocab"]
+        prompts = make_prompts(opts.regimes, opts.settings["prompts_per_regime"], vocab,
+                               opts.settings["seed"])
+        for regime, rows in prompts.items():
+            old = self.results["prompts"].get(regime)
+            if old is not None and old != rows:  # same settings must give the same prompts
+                raise RuntimeError(f"the prompts of regime {regime} changed")
+            self.results["prompts"][regime] = rows
+            self.results["linear_accept_length"][regime] = regime_linear_accept(
+                regime, n_prompts=len(rows))
+        if any(m.algorithm == "ddtree" for m in opts.modes):
+            self.oracle(CONT_TOKENS)  # on the CPU while the first server starts
+        self.save()
+        conts = self.phase_none(prompts)
+        plant = None
+        if conts is not None:
+            plant_mod = overlay_module("plant")
+            doc = plant_document(prompts, conts)
+            plant_mod.parse_plant(json.dumps(doc))  # the worker's own validation, here first
+            plant = opts.out / "plant.json"
+            plant.write_text(json.dumps(doc))
+            self.results["linear_accept_length"] |= {
+                r: regime_linear_accept(r, [conts[tuple(ids)] for ids in prompts[r]])
+                for r in opts.regimes}
+            self.save()
+        if any(m.label == "dflash" for m in opts.modes):
+            self.phase_dflash(prompts)
+        # DDTree servers: adaptive first (with none and dflash it completes the targets),
+        # then the fixed budgets in --modes order.
+        for mode in sorted((m for m in opts.modes if m.algorithm == "ddtree"),
+                           key=lambda m: not m.adaptive):
+            self.phase_ddtree(mode, prompts, plant)
+        if self.oracle_thread is not None:
+            self.oracle_thread.join(timeout=max(1.0, min(120.0, opts.clock.left() - 5)))
+        self.save()
+
+
+EXPORT_FILES = ("results.json", "continuations.json")
+EXPORT_TAR = "adaptive-grid-files.tgz"
+
+
+def export(out: Path, grid_json: Path, dest: Path) -> list[Path]:
+    """results.json, continuations.json (what a later resume needs), the grid file, and one
+    tarball of everything else under --out but the model configs."""
+    import tarfile
+
+    dest.mkdir(parents=True, exist_ok=True)
+    written = []
+    for src in [*(out / n for n in EXPORT_FILES), grid_json]:
+        if src.exists() and src.resolve() != (dest / src.name).resolve():
+            shutil.copyfile(src, dest / src.name)
+        if src.exists():
+            written.append(dest / src.name)
+    skip = {*EXPORT_FILES, grid_json.name, EXPORT_TAR, "models", "results.tmp"}
+    with tarfile.open(dest / EXPORT_TAR, "w:gz") as tar:
+        for path in sorted(out.iterdir()):
+            if path.name not in skip:
+                tar.add(path, arcname=path.name)
+    written.append(dest / EXPORT_TAR)
+    return written
+
+
+def earlier_results(path: Path, settings: dict) -> dict | None:
+    """An earlier run's results.json, refused (UsageError) when measured with other
+    settings: its cells would not be comparable."""
+    if not path.exists():
+        return None
+    old = json.loads(path.read_text())
+    if old.get("settings") != settings:
+        diff = sorted(k for k in settings if old.get("settings", {}).get(k) != settings[k])
+        raise UsageError(f"{path} was measured with other settings ({', '.join(diff)}); "
+                         "use another --out")
+    return old
+
+
+def policy_state(url: str) -> dict | None:
+    """internal_states[0].ddtree of /server_info: the adaptive policy's summary."""
+    try:
+        with urllib.request.urlopen(url + "/server_info", timeout=30) as r:
+            info = json.loads(r.read())
+    except (OSError, ValueError) as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    states = info.get("internal_states")
+    if isinstance(states, list) and states and isinstance(states[0], dict):
+        return states[0].get("ddtree")
+    return None
+
+
+def build_parser() -> Parser:
+    ap = Parser(prog="adaptive_grid", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, help="results, logs, models, plant (resumable)")
+    ap.add_argument("--grid-json", type=Path, help="default --out/adaptive-grid.json")
+    ap.add_argument("--site", help="the staged site dir(s), os.pathsep-separated: the servers' "
+                    "PYTHONPATH (default: this process's PYTHONPATH)")
+    ap.add_argument("--shape", default="4b", choices=SHAPES)
+    ap.add_argument("--backend", default="flashinfer", choices=e2e.BACKENDS)
+    ap.add_argument("--levels", default=",".join(map(str, LEVELS)))
+    ap.add_argument("--requests-per-level", type=int, default=MIN_REQUESTS_PER_LEVEL,
+                    help="requests per level = this x c (>= 4: steady state)")
+    ap.add_argument("--allow-short", action="store_true",
+                    help="allow --requests-per-level below 4")
+    ap.add_argument("--prompts-per-regime", type=int, default=8)
+    ap.add_argument("--regimes", default=",".join(REGIMES),
+                    help=f"of {', '.join(SCHEDULES)} (scripts/gpu_e2e.py PLANT_SCHEDULES)")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--adaptive-budget", type=int, default=64,
+                    help="ddtree-adaptive's largest budget")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the prompts")
+    ap.add_argument("--port", type=int, default=e2e.PORT)
+    ap.add_argument("--time-budget-s", type=float, default=0, help="0 = unbounded")
+    ap.add_argument("--start-estimate-s", type=float, default=120.0,
+                    help="a server's start + stop, for the time budget")
+    ap.add_argument("--level-estimate-s", type=float, default=20.0,
+                    help="one level before any level has been measured")
+    ap.add_argument("--export", type=Path, metavar="DIR",
+                    help="at the end, copy results.json, the grid, continuations.json and a "
+                    "tarball of the rest (logs, configs, bench summaries, plant) to DIR: four "
+                    "files (the device tool brings back at most 8 from $OUT)")
+    ap.add_argument("--keep-records", action="store_true",
+                    help="keep the per-request records in the bench JSON files (default: the "
+                    "summaries only)")
+    ap.add_argument("--plot", nargs=2, type=Path, metavar=("GRID_JSON", "PNG"),
+                    help="draw a grid file and exit (nothing else runs)")
+    return ap
+
+
+def setup(args: argparse.Namespace, argv: list[str]) -> Grid:
+    if args.out is None:
+        raise UsageError("--out is required (unless --plot)")
+    if args.requests_per_level < 1:
+        raise UsageError("--requests-per-level must be >= 1")
+    if args.requests_per_level < MIN_REQUESTS_PER_LEVEL and not args.allow_short:
+        raise UsageError(f"--requests-per-level {args.requests_per_level} < "
+                         f"{MIN_REQUESTS_PER_LEVEL}: not steady state (pass --allow-short)")
+    if args.prompts_per_regime < 1:
+        raise UsageError("--prompts-per-regime must be >= 1")
+    if args.adaptive_budget < 1:
+        raise UsageError("--adaptive-budget must be >= 1")
+    levels = parse_levels(args.levels)
+    regimes = parse_regimes(args.regimes)
+    modes = [parse_mode(m, args.adaptive_budget) for m in parse_list(args.modes, "modes")]
+    target_cfg, draft_cfg = shape_configs(args.shape)
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    if args.site:
+        site = [str(Path(p).resolve()) for p in args.site.split(os.pathsep) if p]
+        sys.path[:0] = site  # the plant modules as the servers import them
+    else:
+        site = [str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(
+            os.pathsep) if p]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(site), PYTHONUNBUFFERED="1")
+    env.pop("SGLANG_DFLASH_DDTREE_PROFILE", None)
+    settings = {"shape": args.shape, "backend": args.backend, "new_tokens": NEW_TOKENS,
+                "requests_per_level": args.requests_per_level,
+                "prompts_per_regime": args.prompts_per_regime, "seed": args.seed,
+                "adaptive_budget": args.adaptive_budget, "vocab": target_cfg["vocab_size"]}
+    earlier_results(out / "results.json", settings)  # before anything under --out changes
+    opts = Opts(out=out, env=env, clock=e2e.Clock(args.time_budget_s),
+                models=write_models(out / "models", target_cfg, draft_cfg),
+                backend=args.backend, port=args.port, levels=levels, regimes=regimes,
+                modes=modes, requests_per_level=args.requests_per_level,
+                start_estimate_s=args.start_estimate_s, level_estimate_s=args.level_estimate_s,
+                grid_json=(args.grid_json or out / "adaptive-grid.json").resolve(),
+                keep_records=args.keep_records,
+                settings=settings)
+    return Grid(opts, argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = build_parser().parse_args(argv)
+        if args.plot:
+            plot(*args.plot)
+            print(f"[adaptive_grid] wrote {args.plot[1]}")
+            return 0
+        grid = setup(args, argv)
+    except UsageError as exc:
+        print(f"adaptive_grid: {exc}", file=sys.stderr)
+        return 2
+    grid.main()
+    if args.export:
+        export(grid.opts.out, grid.opts.grid_json, args.export)
+    doc = json.loads(grid.opts.grid_json.read_text())
+    print(json.dumps({
+        "cells": len(doc["cells"]), "targets": [(t["regime"], t["concurrency"], t["ratio"],
+                                                 t["pass"]) for t in doc["targets"]],
+        "linear_accept_length": doc["linear_accept_length"],
+        "oracle_accept_length": grid.results.get("oracle_accept_length"),
+        "servers_started": grid.run["servers_started"], "skipped": grid.run["skipped"],
+        "elapsed_s": grid.run.get("elapsed_s"), "grid": str(grid.opts.grid_json)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
