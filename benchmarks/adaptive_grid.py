@@ -31,9 +31,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import contextlib
-import importlib
 import importlib.metadata
-import importlib.util
 import json
 import os
 import platform
@@ -76,21 +74,6 @@ SHAPE_4B = {"hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers":
             "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
             "vocab_size": 151936, "tie_word_embeddings": True}
 SHAPES = ("4b", "8b")
-
-
-def overlay_module(name: str):
-    """``plant`` / ``plant_oracle`` of ``sglang_dflash.sglang_overlay``, wherever they live.
-
-    They are being moved into ``sglang_overlay/diagnostics/`` (a concurrent change), and the
-    staged site on the GPU host may hold either layout: take the new path when it exists, the
-    old one otherwise. Remove this shim (import the new path) once the move has landed and been
-    staged.
-    """
-    new_pkg = "sglang_dflash.sglang_overlay.diagnostics"
-    new = f"{new_pkg}.{name}"
-    if importlib.util.find_spec(new_pkg) is not None and importlib.util.find_spec(new):
-        return importlib.import_module(new)
-    return importlib.import_module(f"sglang_dflash.sglang_overlay.{name}")
 
 
 class UsageError(Exception):
@@ -739,7 +722,8 @@ class Grid:
 
         def work() -> None:  # writes only self.oracle_found; save() merges it
             try:
-                plant_mod, oracle_mod = overlay_module("plant"), overlay_module("plant_oracle")
+                from sglang_dflash.sglang_overlay.diagnostics import plant as plant_mod
+                from sglang_dflash.sglang_overlay.diagnostics import plant_oracle as oracle_mod
                 for regime, budget in todo:
                     req = plant_mod.PlantedRequest((0,), tuple(range(conts_len)),
                                                    tuple(regime_ranks(regime, conts_len)))
@@ -771,7 +755,7 @@ class Grid:
         conts = self.phase_none(prompts)
         plant = None
         if conts is not None:
-            plant_mod = overlay_module("plant")
+            from sglang_dflash.sglang_overlay.diagnostics import plant as plant_mod
             doc = plant_document(prompts, conts)
             plant_mod.parse_plant(json.dumps(doc))  # the worker's own validation, here first
             plant = opts.out / "plant.json"

@@ -23,6 +23,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))  # benchmarks/ has no __init__.py
 
 import adaptive_grid as grid  # noqa: E402
 
+from sglang_dflash.sglang_overlay.diagnostics import plant  # noqa: E402
+
 REGIMES = ["absent", "chain"]
 MODES = ["none", "dflash", "ddtree-8", "ddtree-adaptive"]
 LEVELS = [1, 2]
@@ -131,12 +133,6 @@ def test_time_estimates_scale_with_rounds_and_round_cost():
     assert g.start_estimate(grid.NONE) == 80.0 + grid.STOP_S
     assert grid.round_cost(grid.NONE, 1) < grid.round_cost(grid.DFLASH, 1) < \
         grid.round_cost(d64, 64)
-
-
-def test_overlay_shim_finds_the_plant_modules():
-    plant = grid.overlay_module("plant")
-    assert plant.__name__.endswith(".plant") and hasattr(plant, "parse_plant")
-    assert grid.overlay_module("plant_oracle").__name__.endswith(".plant_oracle")
 
 
 # ---- the command against the stand-in -----------------------------------------------------
@@ -248,7 +244,7 @@ def test_plant_file_matches_the_regimes(runs):
         assert req["continuation"] == conts[tuple(ids)]
         assert req["ranks"] == grid.e2e.schedule_ranks(dict(grid.e2e.PLANT_SCHEDULES)[regime],
                                                        273)
-    grid.overlay_module("plant").parse_plant(json.dumps(doc))  # the worker accepts it
+    plant.parse_plant(json.dumps(doc))  # the worker accepts it
 
 
 def test_results_record_checks_policy_and_oracle(runs):
