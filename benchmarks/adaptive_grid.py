@@ -59,6 +59,8 @@ MIN_REQUESTS_PER_LEVEL = 4
 PROMPT_LEN = (64, 512)
 CONTEXT_LENGTH = 2048
 CHECK_ESTIMATE_S = 6.0
+IDENTITY_SEQUENTIAL = 2  # prompts of a regime also run one at a time (batch size 1)
+IDENTITY_ESTIMATE_S = 8.0
 BENCH_OVERHEAD_S = 2.0  # a bench process's start and its warm-up request
 STOP_S = 15.0  # a server's stop, after its last level
 ADAPTIVE_EXTRA_S = 30.0  # an adaptive server captures graphs for several widths
@@ -285,7 +287,10 @@ def grid_document(results: dict, regimes: list[str], modes: list[str],
     return {"cells": cells, "commands": list(results.get("commands", [])),
             "machine": results.get("machine", {}), "targets": targets(cells),
             "linear_accept_length": {r: results.get("linear_accept_length", {}).get(r)
-                                     for r in regimes}}
+                                     for r in regimes},
+            # planted greedy outputs == the no-speculation continuations, per mode and regime
+            "greedy_identical": {m: {r: v.get("identical") for r, v in by_regime.items()}
+                                 for m, by_regime in results.get("identity", {}).items()}}
 
 
 def plot(grid_path: Path, png: Path) -> None:
@@ -412,7 +417,8 @@ class Grid:
     def _load(self) -> dict:
         fresh = {"settings": self.opts.settings, "prompts": {}, "linear_accept_length": {},
                  "oracle_accept_length": {}, "none_levels": {}, "cells": {}, "checks": {},
-                 "policy_state": {}, "servers": {}, "runs": [], "commands": []}
+                 "policy_state": {}, "identity": {}, "servers": {}, "runs": [],
+                 "commands": []}
         old = earlier_results(self.path, self.opts.settings)
         return fresh if old is None else fresh | old
 
@@ -684,7 +690,8 @@ class Grid:
             self.skip(name, "no continuations (phase none did not run): nothing to plant")
             return
         est = self.start_estimate(mode) + sum(
-            CHECK_ESTIMATE_S + sum(self.level_estimate(mode, r, c) for c in cs)
+            CHECK_ESTIMATE_S + IDENTITY_ESTIMATE_S
+            + sum(self.level_estimate(mode, r, c) for c in cs)
             for r, cs in todo.items())
         if not self.fits(name, est):
             return
@@ -701,6 +708,8 @@ class Grid:
                     first = False
                     self.results["checks"].setdefault(mode.label, {})[regime] = \
                         self.check(url, mode)
+                    self.results["identity"].setdefault(mode.label, {})[regime] = \
+                        self.identity(url, prompts[regime])
                     if mode.adaptive:
                         self.results["policy_state"].setdefault(mode.label, {})[regime] = \
                             policy_state(url)
@@ -708,6 +717,28 @@ class Grid:
                     if not finished:
                         break
         self.record_server(name, rec)
+
+    def identity(self, url: str, prompts: list[list[int]]) -> dict:
+        """Losslessness on the planted regime, after the bench (the adaptive policy has learnt
+        by then): greedy outputs against the no-speculation continuations, every prompt at
+        once and the first few one at a time (different batch sizes, so different widths or
+        fallbacks under the policy). ``first_diff`` None = identical."""
+        have = self.load_continuations(prompts) or {}
+
+        def one(ids: list[int]) -> int | None:
+            try:
+                r = e2e.http_json(url + "/generate", {"input_ids": ids, "sampling_params": {
+                    "temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}},
+                    timeout=300)
+            except Exception as exc:  # recorded, the grid goes on
+                return f"{type(exc).__name__}: {exc}"
+            return e2e.first_diff(r["output_ids"], have.get(tuple(ids), [])[:NEW_TOKENS])
+
+        with cf.ThreadPoolExecutor(len(prompts)) as pool:
+            together = list(pool.map(one, prompts))
+        alone = [one(ids) for ids in prompts[:IDENTITY_SEQUENTIAL]]
+        return {"batch": together, "one_at_a_time": alone,
+                "identical": all(d is None for d in together + alone)}
 
     def oracle(self, conts_len: int) -> None:
         """The CPU oracle's accept length per (regime, budget) of the planted profile, in a

@@ -157,7 +157,10 @@ def runs(tmp_path_factory):
 
 def test_grid_schema_and_every_cell(runs):
     doc = runs["grid1"]
-    assert set(doc) == {"cells", "commands", "machine", "targets", "linear_accept_length"}
+    assert set(doc) == {"cells", "commands", "machine", "targets", "linear_accept_length",
+                        "greedy_identical"}
+    assert doc["greedy_identical"] == {m: {r: True for r in REGIMES}
+                                       for m in ("ddtree-8", "ddtree-adaptive")}
     assert {(x["regime"], x["mode"], x["concurrency"]) for x in doc["cells"]} == {
         (r, m, c) for r in REGIMES for m in MODES for c in LEVELS}
     for x in doc["cells"]:
@@ -259,6 +262,13 @@ def test_results_record_checks_policy_and_oracle(runs):
     assert res["checks"]["ddtree-8"]["absent"]["policy_line"].endswith(
         "policy fixed (budget 8)")
     assert res["policy_state"]["ddtree-adaptive"]["absent"]["budget"] == 64
+    # the stand-in is deterministic: planted greedy outputs equal the continuations, at once
+    # and one at a time
+    for mode in ("ddtree-8", "ddtree-adaptive"):
+        for regime in REGIMES:
+            ident = res["identity"][mode][regime]
+            assert ident["identical"] is True, ident
+            assert len(ident["batch"]) == 2 and len(ident["one_at_a_time"]) == 2
     assert res["checks"]["none"]["*"]["rc"] == 0
     assert res["checks"]["dflash"]["chain"]["rc"] == 0
     assert res["oracle_accept_length"]["chain"] == {"8": 8.8276, "64": 16.0}
