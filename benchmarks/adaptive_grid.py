@@ -640,6 +640,7 @@ class Grid:
             return conts
         name = "none"
         est = self.start_estimate(NONE) + CHECK_ESTIMATE_S \
+            + IDENTITY_ESTIMATE_S * len(prompts) \
             + (CONTINUATIONS_ESTIMATE_S if conts is None else 0) \
             + sum(self.level_estimate(NONE, None, c) for c in missing)
         if not self.fits(name, est):
@@ -653,6 +654,11 @@ class Grid:
                 if missing:
                     self.bench_levels(url, name, pfile, NONE, None, first=True)
                 self.results["checks"].setdefault("none", {})["*"] = self.check(url, NONE)
+                # The control: no speculation against its own continuations at other batch
+                # sizes. A divergence here is bf16 batch-shape numerics, not speculation.
+                for regime, rows in prompts.items():
+                    self.results["identity"].setdefault("none", {})[regime] = \
+                        self.identity(url, rows)
         self.record_server(name, rec)
         return conts
 

@@ -160,7 +160,7 @@ def test_grid_schema_and_every_cell(runs):
     assert set(doc) == {"cells", "commands", "machine", "targets", "linear_accept_length",
                         "greedy_identical"}
     assert doc["greedy_identical"] == {m: {r: True for r in REGIMES}
-                                       for m in ("ddtree-8", "ddtree-adaptive")}
+                                       for m in ("none", "ddtree-8", "ddtree-adaptive")}
     assert {(x["regime"], x["mode"], x["concurrency"]) for x in doc["cells"]} == {
         (r, m, c) for r in REGIMES for m in MODES for c in LEVELS}
     for x in doc["cells"]:
@@ -264,7 +264,7 @@ def test_results_record_checks_policy_and_oracle(runs):
     assert res["policy_state"]["ddtree-adaptive"]["absent"]["budget"] == 64
     # the stand-in is deterministic: planted greedy outputs equal the continuations, at once
     # and one at a time
-    for mode in ("ddtree-8", "ddtree-adaptive"):
+    for mode in ("none", "ddtree-8", "ddtree-adaptive"):  # none: the numerics control
         for regime in REGIMES:
             ident = res["identity"][mode][regime]
             assert ident["identical"] is True, ident
