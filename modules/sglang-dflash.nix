@@ -26,13 +26,25 @@ let
   # revision is a 40-hex commit. The draft counts only when the instance speculates.
   isLocal = m: lib.hasPrefix "/" m || lib.hasPrefix "./" m || lib.hasPrefix "../" m
     || m == "." || m == "..";
-  isPinned = r: r != null && builtins.match "[0-9a-f]{40}" r != null;
+  isPinned = r: r != null && builtins.match limits.pinnedRevision r != null;
   modelsOf = i: [ { key = "model"; m = i.model; r = i.modelRevision; } ]
     ++ lib.optional (i.algorithm != "none" && i.draftModel != null)
       { key = "draftModel"; m = i.draftModel; r = i.draftModelRevision; };
   hubModelsOf = i: lib.filter (x: !(isLocal x.m)) (modelsOf i);
   offlineOf = i: if i.offline != null then i.offline
     else lib.all (x: isLocal x.m || isPinned x.r) (modelsOf i);
+
+  # Shapes checked by the option types; each pattern is limits.json's, which
+  # sglang_dflash.config checks too. A path written into a unit line: absolute, and no control
+  # character (a newline would start a new directive).
+  unitPath = types.strMatching limits.unitPath;
+  # An option that takes no value: its type refuses any, naming the reason but not the value
+  # (an inline key must not be echoed either).
+  refused = why: lib.mkOptionType {
+    name = "refused";
+    description = "nothing (${why})";
+    merge = loc: _: throw "The option `${lib.showOption loc}' is refused: ${why}.";
+  };
 
   instanceModule = { name, config, ... }: {
     options = {
@@ -182,7 +194,7 @@ let
               description = "This host's rank (--node-rank); rank 0 serves HTTP.";
             };
             distInitAddr = mkOption {
-              type = types.str;
+              type = types.strMatching limits.distInitAddr;
               example = "10.0.0.1:20000";
               description = "host:port of rank 0's torch.distributed store, the same on every node (--dist-init-addr).";
             };
@@ -244,17 +256,18 @@ let
       };
 
       apiKeyFile = mkOption {
-        type = types.nullOr types.str;
+        type = types.nullOr unitPath;
         default = null;
         example = "/run/secrets/sglang-api-key";
         description = ''
-          File holding the API key (one line). Loaded with systemd's LoadCredential=, so it
-          may be readable by root only; it is never copied into the Nix store and never
+          File holding the API key (one line), an absolute path outside the Nix store (the
+          build-time validator refuses a store path). Loaded with systemd's LoadCredential=,
+          so it may be readable by root only; it is never copied into the Nix store and never
           appears on a command line (serve hands it to SGLang through a 0600 config file).
         '';
       };
       apiKey = mkOption {
-        type = types.nullOr types.str;
+        type = types.nullOr (refused "an inline API key would land in the world-readable Nix store; put it in a file and set apiKeyFile");
         default = null;
         visible = false;
         description = "Refused: an inline key would land in the world-readable Nix store. Use apiKeyFile.";
@@ -266,7 +279,7 @@ let
         description = "Extra environment for SGLang (not for secrets: it is in the store).";
       };
       environmentFile = mkOption {
-        type = types.nullOr types.str;
+        type = types.nullOr unitPath;
         default = null;
         example = "/run/secrets/sglang-env";
         description = "EnvironmentFile= for secrets such as HF_TOKEN.";
@@ -366,69 +379,6 @@ let
 
   # Literal paths in directives that expand systemd specifiers (%i, %h, ...): % must be %%.
   escapeSpecifiers = lib.replaceStrings [ "%" ] [ "%%" ];
-  # NixOS writes `Key=value` lines verbatim: a control character would start a new directive.
-  hasControl = s: s != null && builtins.match ".*[[:cntrl:]].*" s != null;
-  # Directories the unit's own sandbox hides (shared.sandboxHides, for the directives on).
-  hiddenRoots = lib.concatLists (lib.mapAttrsToList
-    (key: roots: if !(lib.hasPrefix "_" key) && (directives shared.hardening).${key} or false == true
-      then roots else [ ])
-    shared.sandboxHides);
-  hiddenBy = path: path != null && lib.any
-    (r: path == r || lib.hasPrefix "${r}/" path) hiddenRoots;
-  hasFlag = flags: i: lib.any (a: lib.elem (lib.head (lib.splitString "=" a)) flags) i.extraArgs;
-  instanceAssertions = name: i:
-    let p = "services.sglang-dflash.instances.${name}"; in [
-      {
-        assertion = i.gpus == [ ] || i.tensorParallelSize == builtins.length i.gpus * nnodesOf i;
-        message = "${p}.tensorParallelSize = ${toString i.tensorParallelSize} does not match "
-          + "the ${toString (builtins.length i.gpus)} GPU(s) in gpus = [ ${lib.concatMapStringsSep " " toString i.gpus} ].";
-      }
-      {
-        assertion = i.algorithm == "none" || i.draftModel != null;
-        message = "${p}: algorithm = \"${i.algorithm}\" needs draftModel (a DFlash draft model); "
-          + "set it, or use algorithm = \"none\" for a baseline.";
-      }
-      {
-        assertion = i.apiKey == null && !(hasFlag [ "--api-key" "--admin-api-key" ] i);
-        message = "${p}: an inline API key (apiKey or --api-key in extraArgs) would be world-readable "
-          + "in the Nix store and on the command line; put the key in a file and set apiKeyFile.";
-      }
-      {
-        assertion = i.apiKeyFile == null
-          || (lib.hasPrefix "/" i.apiKeyFile && !(lib.hasPrefix builtins.storeDir i.apiKeyFile));
-        message = "${p}.apiKeyFile must be an absolute path outside the Nix store (got ${toString i.apiKeyFile}).";
-      }
-      {
-        assertion = !(hasControl i.apiKeyFile) && !(hasControl i.environmentFile);
-        message = "${p}: apiKeyFile and environmentFile must not contain control characters "
-          + "(a newline would inject a unit directive).";
-      }
-      {
-        assertion = !(hiddenBy i.model) && !(hiddenBy i.draftModel);
-        message = "${p}: model and draftModel must not live under ${lib.concatStringsSep ", " hiddenRoots}: "
-          + "the unit's PrivateTmp/ProtectHome hide them from the service, which could never start.";
-      }
-      {
-        assertion = !(i.offline == true) || lib.all (x: isPinned x.r) (hubModelsOf i);
-        message = "${p}.offline = true needs every hub model pinned to a commit (40 hex digits): "
-          + lib.concatMapStringsSep ", " (x: "${x.key}Revision of ${x.m}")
-            (lib.filter (x: !(isPinned x.r)) (hubModelsOf i)) + ".";
-      }
-      {
-        assertion = !(i.environment ? HF_HUB_OFFLINE);
-        message = "${p}.environment: set offline, not HF_HUB_OFFLINE.";
-      }
-      {
-        assertion = !(hasFlag [ "--config" ] i);
-        message = "${p}.extraArgs: --config is reserved for serve (it carries the API key).";
-      }
-      {
-        assertion = !(i.environment ? CUDA_VISIBLE_DEVICES) && !(i.environment ? SGLANG_DFLASH_DDTREE_BUDGET)
-          && !(i.environment ? SGLANG_DFLASH_DDTREE_POLICY);
-        message = "${p}.environment: set the GPUs with gpus and the DDTree budget and policy with ddtree.budget "
-          + "and ddtree.policy, not CUDA_VISIBLE_DEVICES / SGLANG_DFLASH_DDTREE_BUDGET / SGLANG_DFLASH_DDTREE_POLICY.";
-      }
-    ];
 
   # Multi-node tensor parallelism (issue 17); sglang_dflash.config refuses the same values.
   multiNodeAssertions = name: i:
@@ -442,12 +392,8 @@ let
         assertion = lib.mod i.tensorParallelSize m.nnodes == 0;
         message = "${p}: tensorParallelSize = ${toString i.tensorParallelSize} is not divisible by nnodes = ${toString m.nnodes}.";
       }
-      {
-        assertion = builtins.match "(\\[[0-9A-Fa-f:.]+]|[A-Za-z0-9][A-Za-z0-9.-]*):[0-9]{1,5}" m.distInitAddr != null;
-        message = "${p}.distInitAddr = \"${m.distInitAddr}\" is not host:port (rank 0's address).";
-      }
     ];
-  # [ port ] of a valid distInitAddr, [ ] otherwise (the assertion above reports it)
+  # [ port ] of distInitAddr (host:port, by its type)
   distPort = i:
     let m = builtins.match ".*:([0-9]{1,5})" i.multiNode.distInitAddr; in
     lib.optional (m != null) (lib.toInt (lib.head m));
@@ -457,7 +403,9 @@ let
     let
       exe = "${i.package}/bin/sglang-dflash";
       # The instance config, validated at build time by the project's own validator (the
-      # renderer serve uses), as nixpkgs checks generated configuration files.
+      # renderer serve uses), as nixpkgs checks generated configuration files: everything
+      # about one instance is checked there (--sandboxed: also the paths the unit's sandbox
+      # hides); the module's assertions keep what crosses instances.
       configFile =
         pkgs.runCommand "sglang-dflash-${name}.json"
           {
@@ -467,7 +415,7 @@ let
           }
           ''
             cp "$configPath" "$out"
-            HOME="$(mktemp -d)" sglang-dflash serve --config "$out" --print-argv > /dev/null
+            HOME="$(mktemp -d)" sglang-dflash serve --config "$out" --print-argv --sandboxed > /dev/null
           '';
       sub = "sglang-dflash-${name}"; # one flat directory per instance, no shared parent
       loader = "sglang-dflash-${name}-models.service";
@@ -564,10 +512,13 @@ in
   };
 
   config = lib.mkIf (enabled != { }) {
-    # Instance names are checked by the `name` option's type (limits.json's pattern), forced
-    # here so a bad name fails evaluation even where no unit is built.
-    assertions = lib.deepSeq (map (i: i.name) (lib.attrValues enabled)) socketAssertions ++ gpuAssertions
-      ++ lib.concatLists (lib.mapAttrsToList instanceAssertions enabled)
+    # Instance names are checked by the `name` option's type (limits.json's pattern), and an
+    # inline apiKey by its type (which takes no value), forced here so they fail evaluation
+    # even where no unit is built. Everything else about one instance is the build-time
+    # validator's (configFile); these assertions cross instances (sockets, GPUs) or fields
+    # of a multi-node group.
+    assertions = lib.deepSeq (map (i: [ i.name i.apiKey ]) (lib.attrValues enabled))
+      socketAssertions ++ gpuAssertions
       ++ lib.concatLists (lib.mapAttrsToList multiNodeAssertions enabled);
 
     systemd.services = lib.listToAttrs (lib.concatLists (lib.mapAttrsToList mkService enabled));

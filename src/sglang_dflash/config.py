@@ -30,9 +30,22 @@ DEFAULT_PORT = 30000
 DEFAULT_START_TIMEOUT = 1800
 DDTREE_BUDGET_ENV = _overlay_settings.BUDGET_ENV
 DDTREE_POLICY_ENV = _overlay_settings.POLICY_ENV
+CONTROL_CLASS = r"\x00-\x1f\x7f"  # POSIX's [:cntrl:] in the C locale
+CONTROL_RE = re.compile(f"[{CONTROL_CLASS}]")
+
+
+def shared_pattern(key: str) -> re.Pattern[str]:
+    """limits.json's pattern `key`, anchored as Nix's builtins.match (types.strMatching)
+    anchors it; the one POSIX class the file uses, [:cntrl:], spelled for Python's re."""
+    return re.compile("^(?:" + LIMITS[key].replace("[:cntrl:]", CONTROL_CLASS) + ")$")
+
+
 NAME_RE = re.compile("^" + LIMITS["instanceName"] + "$")
+# an absolute path a unit line can hold (apiKeyFile; the module types environmentFile so too)
+UNIT_PATH_RE = shared_pattern("unitPath")
+# Files the service reads must not be in the world-readable store (a key there is public).
+NIX_STORE_DIR = "/nix/store"
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 # Keys whose value follows a flag in SGLang's argv: a leading '-' would be parsed as a flag.
 FLAG_VALUE_KEYS = (
     "model", "modelRevision", "draftModel", "draftModelRevision", "host", "attentionBackend",
@@ -48,10 +61,11 @@ TYPED_FLAGS = (
     "--speculative-dflash-block-size", "--speculative-num-draft-tokens",
     "--enable-metrics", "--nnodes", "--node-rank", "--dist-init-addr", "--nccl-init-addr",
 )
-# host:port of rank 0's torch.distributed store: a name or IPv4 address, or a bracketed IPv6 one.
-DIST_ADDR_RE = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]*):([0-9]{1,5})$")
+# host:port of rank 0's torch.distributed store: a name or IPv4 address, or a bracketed IPv6
+# one (the module's multiNode.distInitAddr type is the same pattern).
+DIST_ADDR_RE = shared_pattern("distInitAddr")
 # A pinned Hugging Face revision: a full commit hash (branches and tags move).
-COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+COMMIT_RE = shared_pattern("pinnedRevision")
 HF_OFFLINE_ENV = "HF_HUB_OFFLINE"
 
 
@@ -197,6 +211,20 @@ def _in_range(key: str, value: int | float | None, lo: float, hi: float) -> None
         raise ConfigError(f"{key}: {value} is outside {lo}..{hi}")
 
 
+def check_key_file(key: str, path: str | None) -> None:
+    """An API key file (instance or router): absolute, one unit line (LoadCredential=), and
+    outside the Nix store, which every local user can read."""
+    if path is None:
+        return
+    if CONTROL_RE.search(path):
+        raise ConfigError(f"{key}: must not contain control characters, got {path!r}")
+    if not UNIT_PATH_RE.match(path):
+        raise ConfigError(f"{key}: must be an absolute path, got {path!r}")
+    if path == NIX_STORE_DIR or path.startswith(NIX_STORE_DIR + "/"):
+        raise ConfigError(f"{key}: {path} is in the Nix store, which every local user can "
+                          "read; keep the key outside it (e.g. /run/secrets)")
+
+
 def unknown_key_message(key: str, known: tuple[str, ...] | list[str]) -> str:
     """One line for a key the schema lacks, with the closest known key when one is near."""
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
@@ -267,8 +295,7 @@ def _parse_multi_node(raw: Any) -> MultiNodeConfig | None:
     if not 0 <= rank < nnodes:
         raise ConfigError(f"multiNode.nodeRank: {rank} must be in 0..{nnodes - 1} "
                           f"(nnodes = {nnodes})")
-    m = DIST_ADDR_RE.match(addr)
-    if not m or not 1 <= int(m.group(1)) <= 65535:
+    if not DIST_ADDR_RE.match(addr) or not 1 <= int(addr.rsplit(":", 1)[1]) <= 65535:
         raise ConfigError(f"multiNode.distInitAddr: {addr!r} is not host:port (rank 0's "
                           "address, the same on every node, e.g. 10.0.0.1:20000)")
     return MultiNodeConfig(nnodes, rank, addr)
@@ -383,10 +410,10 @@ def parse_config(raw: Any) -> InstanceConfig:
         raise ConfigError(f"memFractionStatic: {mfs} must be in (0, 1)")
     if not values.get("host", "x").strip():
         raise ConfigError("host: must not be empty")
-    for key in ("apiKeyFile", "cacheDir"):
-        path = values.get(_snake(key))
-        if path is not None and not path.startswith("/"):
-            raise ConfigError(f"{key}: must be an absolute path, got {path!r}")
+    check_key_file("apiKeyFile", values.get("api_key_file"))
+    cache_dir = values.get("cache_dir")
+    if cache_dir is not None and not cache_dir.startswith("/"):
+        raise ConfigError(f"cacheDir: must be an absolute path, got {cache_dir!r}")
 
     values["ddtree"] = _parse_ddtree(raw.get("ddtree"))
     gpus = _parse_gpus(raw.get("gpus", [0]))

@@ -31,6 +31,7 @@ from sglang_dflash.config import (
     ConfigError,
     _check_type,
     _in_range,
+    check_key_file,
     load_config,
     read_config_json,
     unknown_key_message,
@@ -235,8 +236,7 @@ def parse_router_config(raw: Any) -> RouterConfig:
                                  nullable=False)
     key_file = raw.get("apiKeyFile")
     _check_type("apiKeyFile", key_file, (str,), True)
-    if key_file is not None and (not key_file.startswith("/") or CONTROL_RE.search(key_file)):
-        raise ConfigError(f"apiKeyFile: must be an absolute path, got {key_file!r}")
+    check_key_file("apiKeyFile", key_file)
     v["api_key_file"] = key_file
     metrics = _block("metrics", raw.get("metrics"), ("host", "port"))
     mhost = metrics.get("host")

@@ -92,7 +92,7 @@ def spec_escape(value: str) -> str:
 def sandbox_hidden(path: str, hardening: dict[str, Any]) -> str | None:
     """The directive under which ``path`` is invisible (or empty) to the service, or None.
 
-    The table is ``sandboxHides`` in unit-hardening.json (the NixOS module asserts on it too).
+    The table is ``sandboxHides`` in unit-hardening.json.
     """
     on = {e["key"] for e in hardening["hardening"] if e["value"] is True}
     norm = os.path.normpath(path)
@@ -104,16 +104,7 @@ def sandbox_hidden(path: str, hardening: dict[str, Any]) -> str | None:
     return None
 
 
-def check_sandbox_paths(
-    cfg: InstanceConfig, config_path: str, opts: UnitOptions, hardening: dict[str, Any]
-) -> None:
-    """Refuse files the service must read that its own sandbox hides: such a unit can never
-    start (seen under a real systemd: a config in /tmp is not there for a PrivateTmp service).
-    EnvironmentFile= and the API key (LoadCredential=) are read by systemd itself, before the
-    sandbox, so they may live anywhere."""
-    paths = {"--config": config_path, "--package-path": opts.package_path,
-             "--driver-lib-dir": opts.driver_lib_dir,
-             "model": cfg.model, "draftModel": cfg.draft_model, "cacheDir": cfg.cache_dir}
+def _refuse_hidden(paths: dict[str, str | None], hardening: dict[str, Any]) -> None:
     for name, value in paths.items():
         if value is None or not value.startswith("/"):
             continue  # unset, or a Hugging Face id
@@ -121,6 +112,25 @@ def check_sandbox_paths(
         if key is not None:
             raise UnitError(f"{name}: {value} is hidden from the service by {key}=true; move it "
                             "(e.g. under /srv or /var/lib) or the unit can never start")
+
+
+def check_instance_sandbox(cfg: InstanceConfig, hardening: dict[str, Any] | None = None) -> None:
+    """Refuse an instance whose models or cache its hardened unit hides from it (the NixOS
+    module's build-time check runs this through `serve --print-argv --sandboxed`)."""
+    _refuse_hidden({"model": cfg.model, "draftModel": cfg.draft_model,
+                    "cacheDir": cfg.cache_dir}, hardening or load_hardening())
+
+
+def check_sandbox_paths(
+    cfg: InstanceConfig, config_path: str, opts: UnitOptions, hardening: dict[str, Any]
+) -> None:
+    """Refuse files the service must read that its own sandbox hides: such a unit can never
+    start (seen under a real systemd: a config in /tmp is not there for a PrivateTmp service).
+    EnvironmentFile= and the API key (LoadCredential=) are read by systemd itself, before the
+    sandbox, so they may live anywhere."""
+    _refuse_hidden({"--config": config_path, "--package-path": opts.package_path,
+                    "--driver-lib-dir": opts.driver_lib_dir}, hardening)
+    check_instance_sandbox(cfg, hardening)
 
 
 def check_unit_values(cfg: InstanceConfig, config_path: str, opts: UnitOptions) -> None:

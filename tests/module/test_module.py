@@ -198,48 +198,13 @@ ASSERTIONS = {
         'b = { model = "m"; algorithm = "none"; gpus = [ 1 ]; port = 30001; }; }',
         'GPU 1 is used by instances "a", "b"',
     ),
-    "tp-mismatch": (
-        '{ a = { model = "m"; algorithm = "none"; gpus = [ 0 1 ]; tensorParallelSize = 4; }; }',
-        "instances.a.tensorParallelSize = 4 does not match the 2 GPU(s)",
-    ),
-    "ddtree-no-draft": (
-        '{ a = { model = "m"; algorithm = "ddtree"; }; }',
-        'instances.a: algorithm = "ddtree" needs draftModel',
-    ),
-    "inline-key": (
-        '{ a = { model = "m"; algorithm = "none"; apiKey = "sk-1"; }; }',
-        "instances.a: an inline API key",
-    ),
-    "inline-key-extra-args": (
-        '{ a = { model = "m"; algorithm = "none"; extraArgs = [ "--api-key=sk-1" ]; }; }',
-        "set apiKeyFile",
-    ),
-    "key-in-store": (
-        '{ a = { model = "m"; algorithm = "none"; apiKeyFile = "/nix/store/x-key"; }; }',
-        "apiKeyFile must be an absolute path outside the Nix store",
-    ),
-    "config-flag": (
-        '{ a = { model = "m"; algorithm = "none"; extraArgs = [ "--config" "x.yaml" ]; }; }',
-        "--config is reserved for serve",
-    ),
-    "cuda-env": (
-        '{ a = { model = "m"; algorithm = "none"; environment.CUDA_VISIBLE_DEVICES = "3"; }; }',
-        "set the GPUs with gpus",
-    ),
-    "model-in-tmp": (
-        '{ a = { model = "/tmp/qwen"; algorithm = "none"; }; }',
-        "instances.a: model and draftModel must not live under "
-        "/tmp, /var/tmp, /home, /root, /run/user",
-    ),
-    "draft-in-home": (
-        '{ a = { model = "m"; draftModel = "/home/me/d"; algorithm = "dflash"; }; }',
-        "the unit's PrivateTmp/ProtectHome hide them",
-    ),
 }
 
 
 @pytest.mark.parametrize("case", sorted(ASSERTIONS))
 def test_assertion_fires_with_clear_message(case):
+    """What crosses instances stays a module assertion; one instance's own values are the
+    build-time validator's (tests/module/test_config_validator.py VALIDATED)."""
     instances, message = ASSERTIONS[case]
     failed = evaluate(instances)["failedAssertions"]
     assert len(failed) == 1, failed
@@ -271,6 +236,57 @@ def test_instance_name_is_typed_by_the_validators_pattern():
     assert not NAME_RE.match("a b")
     out = evaluate('{ "q-1.b_2" = { model = "m"; algorithm = "none"; }; }')
     assert out["failedAssertions"] == [] and NAME_RE.match("q-1.b_2")
+
+
+def test_inline_api_key_is_refused_by_its_type_without_echoing_it():
+    """apiKey takes no value: its type refuses one at evaluation, before any store write,
+    and the message does not repeat the key. The module never writes apiKey into the JSON;
+    the validator refuses the key there too (a config written by hand)."""
+    from sglang_dflash.config import ConfigError
+
+    err = eval_error('{ a = { model = "m"; algorithm = "none"; apiKey = "sk-SECRET-1"; }; }')
+    assert ("The option `services.sglang-dflash.instances.a.apiKey' is refused: an inline API "
+            "key would land in the world-readable Nix store; put it in a file and set "
+            "apiKeyFile.") in err, err
+    assert "sk-SECRET-1" not in err
+    assert "apiKey" not in evaluate('{ a = { model = "m"; algorithm = "none"; }; }')[
+        "configs"]["a"]
+    with pytest.raises(ConfigError, match=r"^apiKey: inline API keys are refused"):
+        parse_config({"name": "a", "model": "m", "algorithm": "none", "apiKey": "sk-1"})
+
+
+@pytest.mark.parametrize(("option", "value"), [("apiKeyFile", "keys/k"),
+                                               ("environmentFile", "env")])
+def test_unit_paths_are_typed_by_the_shared_pattern(option, value):
+    """apiKeyFile and environmentFile are unit lines: absolute, no control character. The
+    option type is limits.json's unitPath, which the validator reads too."""
+    from sglang_dflash.config import LIMITS, UNIT_PATH_RE, ConfigError
+
+    err = eval_error(f'{{ a = {{ model = "m"; algorithm = "none"; {option} = "{value}"; }}; }}')
+    assert (f"instances.a.{option}' is not of type `null or string matching the pattern "
+            f"{LIMITS['unitPath']}'") in err, err
+    assert not UNIT_PATH_RE.match(value) and UNIT_PATH_RE.match("/" + value)
+    if option == "apiKeyFile":
+        with pytest.raises(ConfigError, match=r"^apiKeyFile: must be an absolute path"):
+            parse_config({"name": "a", "model": "m", "algorithm": "none", option: value})
+
+
+def test_dist_init_addr_is_typed_by_the_shared_pattern():
+    from sglang_dflash.config import DIST_ADDR_RE, LIMITS, ConfigError
+
+    err = eval_error('{ a = { model = "m"; algorithm = "none"; gpus = [ 0 ]; multiNode = '
+                     '{ nnodes = 2; nodeRank = 0; distInitAddr = "10.0.0.1"; }; }; }')
+    assert ("multiNode.distInitAddr' is not of type `string matching the pattern "
+            f"{LIMITS['distInitAddr']}'") in err, err
+    assert not DIST_ADDR_RE.match("10.0.0.1")
+    with pytest.raises(ConfigError, match=r"^multiNode\.distInitAddr: '10\.0\.0\.1' is not"):
+        parse_config({"name": "a", "model": "m", "algorithm": "none", "gpus": [0],
+                      "multiNode": {"nnodes": 2, "nodeRank": 0, "distInitAddr": "10.0.0.1"}})
+    out = evaluate('{ a = { model = "m"; algorithm = "none"; gpus = [ 0 ]; multiNode = '
+                   '{ nnodes = 2; nodeRank = 0; distInitAddr = "[fd00::1]:20000"; }; }; }')
+    assert out["failedAssertions"] == []
+    assert DIST_ADDR_RE.match("[fd00::1]:20000")
+    assert parse_config(out["configs"]["a"]).multi_node.dist_init_addr == "[fd00::1]:20000"
 
 
 def test_gpu_listed_twice_in_one_instance():

@@ -70,13 +70,38 @@ def test_static_user_and_environment_file_reach_the_loader():
     assert sc["EnvironmentFile"] == "/run/s/hf"
 
 
-def test_offline_true_with_an_unpinned_hub_id_fails_evaluation():
+def test_offline_true_with_an_unpinned_hub_id_is_the_validators_refusal():
+    """No module assertion: the config the module writes says offline = true with an
+    unpinned hub id, and the validator (the build-time check) refuses it with one line."""
+    from sglang_dflash.config import ConfigError
+
     out = evaluate(f'{{ q = {DDTREE[:-1]} offline = true; }}; }}')
-    assert any("offline = true needs every hub model pinned" in m and
-               "modelRevision of Qwen/Qwen3-8B" in m for m in out["failedAssertions"])
+    assert out["failedAssertions"] == []
+    raw = out["configs"]["q"]
+    assert raw["offline"] is True and raw["modelRevision"] is None
+    with pytest.raises(ConfigError, match=r"^modelRevision: offline serving of hub id "
+                       r"'Qwen/Qwen3-8B' needs a pinned commit \(40 hex digits\), got not set$"):
+        parse_config(raw)
     out = evaluate(f'{{ q = {PINNED[:-1]} environment.HF_HUB_OFFLINE = "0"; }}; }}')
-    assert any("set offline, not HF_HUB_OFFLINE" in m for m in out["failedAssertions"])
+    assert out["failedAssertions"] == []
+    with pytest.raises(ConfigError, match=r"^environment\.HF_HUB_OFFLINE: set `offline` instead$"):
+        parse_config(out["configs"]["q"])
     assert "offline" in eval_error('{ q = { model = "m"; offline = "yes"; }; }')
+
+
+def test_pinned_means_the_shared_pattern():
+    """Nix's fetchModels default and the validator's is_pinned read limits.json's
+    pinnedRevision: a 40-hex commit gets the loader, 40 upper-case hex digits do not."""
+    from sglang_dflash.config import is_pinned
+
+    upper = SHA.upper()
+    out = evaluate('{ q = { model = "Qwen/Qwen3-8B"; modelRevision = "' + upper + '"; '
+                   'algorithm = "none"; }; r = { model = "Qwen/Qwen3-8B"; modelRevision = "'
+                   + SHA + '"; algorithm = "none"; gpus = [ 1 ]; port = 30001; }; }')
+    assert "sglang-dflash-q-models" not in out["services"] and not is_pinned(upper)
+    assert "sglang-dflash-r-models" in out["services"] and is_pinned(SHA)
+    assert parse_config(out["configs"]["q"]).offline is False
+    assert parse_config(out["configs"]["r"]).offline is True
 
 
 def test_module_and_unit_command_render_the_same_loader():

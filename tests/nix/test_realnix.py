@@ -234,9 +234,14 @@ def test_scale_out_renders_router_multinode_metrics_and_model_loader(harness):
                  f"matching the pattern {LIMITS['instanceName']}'"),
     ("bad-router-name", "services.sglang-dflash.routers.\"r x\".name' is not of type `string "
                         f"matching the pattern {LIMITS['instanceName']}'"),
+    ("bad-dist-addr", "services.sglang-dflash.instances.tree.multiNode.distInitAddr' is not of "
+                      f"type `string matching the pattern {LIMITS['distInitAddr']}'"),
+    ("inline-key", "The option `services.sglang-dflash.instances.small.apiKey' is refused: an "
+                   "inline API key would land in the world-readable Nix store"),
 ])
 def test_bad_configurations_fail_with_nixos_messages(harness, case, message):
     out, _ = harness
     assert (out / f"module-{case}.out").read_text() == ""
     err = (out / f"module-{case}.err").read_text()
     assert message in re.sub(r"\n\s+", "\n", err), err[-800:]
+    assert "sk-REALNIX-1" not in err

@@ -22,6 +22,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="print the environment and command serve would run, then exit",
     )
     parser.add_argument(
+        "--sandboxed",
+        action="store_true",
+        help="also refuse a model or cache directory the hardened unit's sandbox hides "
+        "(PrivateTmp, ProtectHome: unit-hardening.json sandboxHides); the NixOS module's "
+        "build-time check of the config passes it",
+    )
+    parser.add_argument(
         "--poll-interval",
         type=float,
         default=1.0,
@@ -47,6 +54,13 @@ def run(args: argparse.Namespace) -> int:
         cfg = load_config(args.config)
     except ConfigError as e:
         raise UserError(f"invalid config: {e}") from None
+    if args.sandboxed:
+        from sglang_dflash.unit import check_instance_sandbox
+
+        try:
+            check_instance_sandbox(cfg)
+        except UserError as e:
+            raise UserError(f"invalid config: {args.config}: {e}") from None
     if args.print_argv:
         print(render_print(cfg))
         return 0

@@ -42,7 +42,7 @@ step hash-nixpkgs-lib-dir nix hash path /h/nixpkgs/lib
 # NixOS-style module evaluations (tests/nix/realnix/module-case.nix); the failing cases are
 # expected to fail: their stderr is the result the pytest wrapper reads.
 for c in two-instances same-port same-gpu gpu-twice bad-port bad-algorithm bad-budget bad-name \
-    misspelt-option scale-out bad-router-name; do
+    misspelt-option scale-out bad-router-name bad-dist-addr inline-key; do
   nix-instantiate --eval --strict --json /h/src/tests/nix/realnix/module-case.nix \
     --arg standin /h/nixpkgs --arg src /h/src --argstr case "$c" \
     > "/h/out/module-$c.out" 2> "/h/out/module-$c.err"; echo "module case $c: rc=$?"

@@ -3,7 +3,8 @@
 #   nix-instantiate --eval --strict --json module-case.nix --arg standin /h/nixpkgs \
 #     --arg src /h/src --argstr case two-instances
 # Cases: the two-instance example (prints both units), and configurations that must fail
-# with the module's assertion messages or NixOS's own type errors.
+# with the module's assertion messages or NixOS's own type errors (one instance's own values
+# are the build-time validator's, which a stand-in package does not run).
 {
   standin,
   src,
@@ -43,6 +44,17 @@ let
       };
     };
     bad-router-name.services.sglang-dflash.routers."r x".workers = [ "small" ];
+    # shapes in the option types (limits.json's patterns): NixOS's type error, or a type
+    # that takes no value and says why without echoing it
+    bad-dist-addr.services.sglang-dflash.instances.tree = {
+      gpus = lib.mkForce [ 1 2 ];
+      multiNode = {
+        nnodes = 2;
+        nodeRank = 0;
+        distInitAddr = "10.0.0.1";
+      };
+    };
+    inline-key.services.sglang-dflash.instances.small.apiKey = "sk-REALNIX-1";
     bad-name.services.sglang-dflash.instances."a b" = {
       model = "m";
       algorithm = "none";
