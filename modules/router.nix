@@ -15,6 +15,7 @@ let
   cfg = top.routers;
   shared = lib.importJSON ../src/sglang_dflash/unit-hardening.json;
   limits = lib.importJSON ../src/sglang_dflash/limits.json;
+  secretFlags = import ../nix/secret-flags.nix { inherit lib; };
   directives = entries: lib.listToAttrs (map (e: lib.nameValuePair e.key e.value) entries);
   instances = lib.filterAttrs (_: i: i.enable) top.instances;
   isUrl = w: builtins.match "https?://.*" w != null;
@@ -129,8 +130,16 @@ let
   # What crosses the router and the instances; the router's own fields are the build-time
   # validator's (`sglang-dflash router --config … --print-argv`, configFile below).
   routerAssertions = name: r:
-    let p = "services.sglang-dflash.routers.${name}"; in
-    map (w: {
+    let
+      p = "services.sglang-dflash.routers.${name}";
+      leaked = secretFlags limits.secretFlags.router r.extraArgs;
+    in
+    # A secret flag is refused here, before the config reaches the world-readable store.
+    [{
+      assertion = leaked == [ ];
+      message = "${p}.extraArgs: ${lib.concatStringsSep ", " leaked} would put a secret in the world-readable Nix store; use apiKeyFile.";
+    }]
+    ++ map (w: {
       assertion = isUrl w || instances ? ${w};
       message = "${p}.workers: \"${w}\" is neither an enabled instance of services.sglang-dflash.instances nor an http(s):// URL.";
     }) r.workers

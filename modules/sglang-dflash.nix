@@ -16,6 +16,7 @@ let
   # Ranges, the instance-name pattern and the start-timeout margin, shared with
   # sglang_dflash.config (one data file, read by both).
   limits = lib.importJSON ../src/sglang_dflash/limits.json;
+  secretFlags = import ../nix/secret-flags.nix { inherit lib; };
   between = r: types.ints.between r.min r.max;
   startTimeoutMargin = limits.startTimeoutMarginS;
   wildcardHosts = [ "0.0.0.0" "::" ];
@@ -517,9 +518,16 @@ in
     # even where no unit is built. Everything else about one instance is the build-time
     # validator's (configFile); these assertions cross instances (sockets, GPUs) or fields
     # of a multi-node group.
+    # The one per-instance exception: a secret flag in extraArgs is refused before the config,
+    # key included, is written to the world-readable store (nix/secret-flags.nix).
     assertions = lib.deepSeq (map (i: [ i.name i.apiKey ]) (lib.attrValues enabled))
       socketAssertions ++ gpuAssertions
-      ++ lib.concatLists (lib.mapAttrsToList multiNodeAssertions enabled);
+      ++ lib.concatLists (lib.mapAttrsToList multiNodeAssertions enabled)
+      ++ lib.mapAttrsToList (n: i: let found = secretFlags limits.secretFlags.serve i.extraArgs; in {
+        assertion = found == [ ];
+        message = "services.sglang-dflash.instances.${n}.extraArgs: ${lib.concatStringsSep ", " found} "
+          + "would put a key in the world-readable Nix store; use apiKeyFile.";
+      }) enabled;
 
     systemd.services = lib.listToAttrs (lib.concatLists (lib.mapAttrsToList mkService enabled));
 

@@ -53,7 +53,8 @@ FLAG_VALUE_KEYS = (
 )
 # Flags serve owns: a key on the command line would be readable in /proc by every local
 # user, and serve passes the key through SGLang's --config file instead.
-FORBIDDEN_EXTRA_ARGS = ("--api-key", "--admin-api-key", "--config")
+SECRET_FLAGS: tuple[str, ...] = tuple(LIMITS["secretFlags"]["serve"])
+FORBIDDEN_EXTRA_ARGS = (*SECRET_FLAGS, "--config")
 # Flags rendered from typed keys: giving them again in extraArgs makes two sources of truth.
 TYPED_FLAGS = (
     "--model-path", "--model", "--host", "--port", "--tp-size", "--tensor-parallel-size",
@@ -349,7 +350,7 @@ def _parse_extra_args(raw: Any) -> tuple[str, ...]:
             # SGLang's argparse accepts unambiguous abbreviations: --api-k=x is --api-key=x.
             full = next(f for f in owned if f.startswith(flag))
             raise ConfigError(f"extraArgs: {flag} abbreviates {full}, which serve owns")
-        if flag in ("--api-key", "--admin-api-key"):
+        if flag in SECRET_FLAGS:
             raise ConfigError(
                 f"extraArgs: {flag} puts the key on the command line; use apiKeyFile instead"
             )

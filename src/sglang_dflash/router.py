@@ -55,8 +55,7 @@ TYPED_FLAGS = (
     "--disable-retries", "--disable-circuit-breaker", "--request-timeout-secs",
     "--worker-startup-timeout-secs", "--log-level",
 )
-SECRET_FLAGS = ("--api-key", "--tenant-api-key", "--control-plane-api-keys", "--oracle-password",
-                "--postgres-db-url", "--redis-url")
+SECRET_FLAGS: tuple[str, ...] = tuple(LIMITS["secretFlags"]["router"])
 
 # block -> key -> (flag, type, lo, hi); null (the default) leaves smg's own default.
 _INT_MAX = 10**9

@@ -111,14 +111,6 @@ VALIDATED = {
         '{ a = { model = "m"; algorithm = "ddtree"; }; }',
         "draftModel: algorithm 'ddtree' needs a draft model",
     ),
-    "inline-key-extra-args": (
-        '{ a = { model = "m"; algorithm = "none"; extraArgs = [ "--api-key=sk-1" ]; }; }',
-        "extraArgs: --api-key puts the key on the command line; use apiKeyFile instead",
-    ),
-    "admin-key-extra-args": (
-        '{ a = { model = "m"; algorithm = "none"; extraArgs = [ "--admin-api-key" "k" ]; }; }',
-        "extraArgs: --admin-api-key puts the key on the command line",
-    ),
     "key-in-store": (
         '{ a = { model = "m"; algorithm = "none"; apiKeyFile = "/nix/store/x-key"; }; }',
         "apiKeyFile: /nix/store/x-key is in the Nix store, which every local user can read",
@@ -166,6 +158,38 @@ VALIDATED = {
         "draftModel: /home/me/d is hidden from the service by ProtectHome=true",
     ),
 }
+
+
+# The one per-instance assertion left: a secret flag in extraArgs must stop evaluation, since
+# the build-time validator only sees the config once it (and the key) is in the Nix store.
+SECRET = {
+    "inline-key-extra-args": (
+        '{ a = { model = "m"; algorithm = "none"; extraArgs = [ "--api-key=sk-1" ]; }; }',
+        "--api-key", "extraArgs: --api-key puts the key on the command line; use apiKeyFile"),
+    "admin-key-extra-args": (
+        '{ a = { model = "m"; algorithm = "none"; extraArgs = [ "--admin-api-key" "k" ]; }; }',
+        "--admin-api-key", "extraArgs: --admin-api-key puts the key on the command line"),
+    "abbreviated-key": (
+        '{ a = { model = "m"; algorithm = "none"; extraArgs = [ "--api-k=sk-1" ]; }; }',
+        "--api-k", "extraArgs: --api-k abbreviates --api-key, which serve owns"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SECRET))
+def test_a_secret_flag_fails_evaluation_before_the_store(tmp_path, case):
+    instances, flag, validator = SECRET[case]
+    evaluated = render(instances)
+    assert evaluated["failedAssertions"] == [
+        f"services.sglang-dflash.instances.a.extraArgs: {flag} would put a key in the "
+        "world-readable Nix store; use apiKeyFile."]
+    r = build_rendered(tmp_path, evaluated)  # and the validator refuses it too
+    assert r.returncode == 2 and validator in r.stderr, (r.stdout, r.stderr)
+
+
+def test_a_flag_that_only_looks_like_a_secret_passes():
+    """Neither the flag nor an abbreviation of it (the validator's rule)."""
+    assert render('{ a = { model = "m"; algorithm = "none"; extraArgs = [ "--api-key-file-x" '
+                  '"--max-running-requests=4" ]; }; }')["failedAssertions"] == []
 
 
 @pytest.mark.parametrize("case", sorted(VALIDATED))

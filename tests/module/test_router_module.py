@@ -123,12 +123,22 @@ def router_cli(tmp_path: Path, raw: dict) -> subprocess.CompletedProcess:
                           timeout=60, env={**os.environ, "PYTHONPATH": src})
 
 
+@pytest.mark.parametrize(("router", "flag"), [
+    ('extraArgs = [ "--api-key" "x" ];', "--api-key"),
+    ('extraArgs = [ "--tenant-api-key=x" ];', "--tenant-api-key"),
+    ('extraArgs = [ "--control-plane-api-keys" "x" ];', "--control-plane-api-keys"),
+    ('extraArgs = [ "--redis-u=redis://u:p@h" ];', "--redis-u"),
+])
+def test_router_secret_flags_fail_evaluation_before_the_store(router, flag):
+    """The one router assertion on its own fields: a secret on smg's command line would be
+    written to the world-readable store before the build-time check could refuse it."""
+    out = evaluate(f"{{ a = {A}; }}", f'{{ r = {{ workers = [ "a" ]; {router} }}; }}')
+    assert out["failedAssertions"] == [
+        f"services.sglang-dflash.routers.r.extraArgs: {flag} would put a secret in the "
+        "world-readable Nix store; use apiKeyFile."]
+
+
 @pytest.mark.parametrize(("router", "message"), [
-    ('extraArgs = [ "--api-key" "x" ];',
-     "extraArgs: --api-key puts a secret on the command line; use apiKeyFile"),
-    ('extraArgs = [ "--tenant-api-key=x" ];', "extraArgs: --tenant-api-key puts a secret"),
-    ('extraArgs = [ "--control-plane-api-keys" "x" ];',
-     "extraArgs: --control-plane-api-keys puts a secret"),
     ('apiKeyFile = "/nix/store/x-key";',
      "apiKeyFile: /nix/store/x-key is in the Nix store, which every local user can read"),
 ])
