@@ -45,3 +45,22 @@ def test_the_round_calls_one_method_per_stage_in_order():
              and n.func.attr.endswith("_stage")]
     assert calls == ["_draft_stage", "_tree_stage", "_verify_stage", "_accept_stage",
                      "_commit_stage"]
+
+
+def test_the_pure_modules_import_without_torch():
+    """settings, timing, policy and the plant/profile/trace diagnostics stay torch-free, so
+    their tests collect (and skip nothing) on a machine without torch (the README's set-up
+    without the test extra's torch)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import sglang_dflash.sglang_overlay.settings, sglang_dflash.sglang_overlay.timing\n"
+            "import sglang_dflash.sglang_overlay.policy\n"
+            "import sglang_dflash.sglang_overlay.diagnostics.plant\n"
+            "import sglang_dflash.sglang_overlay.diagnostics.profile\n"
+            "import sglang_dflash.sglang_overlay.diagnostics.trace\n")
+    src = str(WORKER.parents[2])
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin"}, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]

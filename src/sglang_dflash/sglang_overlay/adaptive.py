@@ -10,28 +10,13 @@ Imports torch only (no SGLang): tested on the CPU with host events.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-
-class HostEvent:
-    """A CPU stand-in for ``torch.cuda.Event(enable_timing=True)`` (CPU devices, tests)."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def record(self) -> None:
-        self.t = time.perf_counter()
-
-    def synchronize(self) -> None:
-        return None
-
-    def elapsed_time(self, end: HostEvent) -> float:
-        return (end.t - self.t) * 1000.0
+from sglang_dflash.sglang_overlay.timing import HostEvent  # noqa: F401 (the meter's host clock)
 
 
 def path_counts(accept_index: torch.Tensor, width: int, budgets: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_dflash.sglang_overlay import settings
-from sglang_dflash.sglang_overlay.adaptive import HostEvent  # the meter's host clock
+from sglang_dflash.sglang_overlay.timing import HostEvent
 
 PROFILE_ENV = settings.PROFILE_ENV
 EVERY_ENV = settings.PROFILE_EVERY_ENV
