@@ -271,9 +271,15 @@ def test_results_record_checks_policy_and_oracle(runs):
             assert len(ident["batch"]) == 2 and len(ident["one_at_a_time"]) == 2
     assert res["checks"]["none"]["*"]["rc"] == 0
     assert res["checks"]["dflash"]["chain"]["rc"] == 0
+    assert res["runs"][0]["servers_started"] == 5 and not res["runs"][0]["skipped"]
+
+
+def test_results_record_the_cpu_oracle(runs):
+    """The oracle builds the planted trees with the DDTree core (torch)."""
+    pytest.importorskip("torch", reason="the plant oracle builds trees with the DDTree core")
+    res = runs["res1"]
     assert res["oracle_accept_length"]["chain"] == {"8": 8.8276, "64": 16.0}
     assert res["oracle_accept_length"]["absent"]["64"] == pytest.approx(256 / 255, abs=1e-4)
-    assert res["runs"][0]["servers_started"] == 5 and not res["runs"][0]["skipped"]
 
 
 def test_resume_starts_no_server_and_keeps_the_cells(runs):

@@ -8,11 +8,14 @@ next step still run, the time budget. `check` and `break` need a real SGLang sit
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu_e2e.py"
@@ -65,15 +68,8 @@ def test_full_flow_against_standin(tmp_path):
         assert row["identical"] is True and row["first_diff"] is None
         assert row["oracle_verify_ct"] == len(row["oracle_rounds"])
         assert isinstance(row["verify_ct_matches"], bool) and row["verify_ct"] >= 1
-    # The oracle's own spread: all absent accepts nothing, an all-rank-0 chain the most.
-    assert rows[0]["oracle_accept_length"] < 1.1 < rows[-1]["oracle_accept_length"]
     s = plant["summary"]
     assert s["all_identical"] is True and isinstance(s["all_verify_ct_match_oracle"], bool)
-    assert s["oracle_exact"] is True and plant["oracle_boundary_margin"] > 1e-3
-    assert res["plant"]["plant:64"]["summary"]["oracle_exact"] is False  # ties at 64
-    # The chain accepts only spine drafts; some schedule accepts a branch off it.
-    assert set(rows[-1]["oracle_accepted_by_rank"]) == {"0"}
-    assert any(set(r["oracle_accepted_by_rank"]) - {"0"} for r in rows)
     assert set(s["accept_length_by_schedule"]) == {r["schedule"] for r in rows}
     assert plant["bench"]["rc"] == 0 and (out / "bench-plant-16.json").exists()
     assert isinstance(plant["profile"], list)  # the stand-in has no worker: empty
@@ -82,6 +78,18 @@ def test_full_flow_against_standin(tmp_path):
     assert len(sim["accept_lengths"]) == 4 and sim["config"]["algorithm"] == "dflash"
     assert sim["config"]["environment"] == {"SGLANG_SIMULATE_ACC_LEN": "4"}
     assert "ValueError" in res["simacc:x"]["error"] and "simacc:x" not in res["simacc"]
+
+    # The CPU oracle builds the planted trees with the DDTree core: torch.
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("the plant oracle needs torch (the DDTree core); the rest of the flow passed")
+    assert "oracle_error" not in plant, plant.get("oracle_error")
+    # The oracle's own spread: all absent accepts nothing, an all-rank-0 chain the most.
+    assert rows[0]["oracle_accept_length"] < 1.1 < rows[-1]["oracle_accept_length"]
+    assert s["oracle_exact"] is True and plant["oracle_boundary_margin"] > 1e-3
+    assert res["plant"]["plant:64"]["summary"]["oracle_exact"] is False  # ties at 64
+    # The chain accepts only spine drafts; some schedule accepts a branch off it.
+    assert set(rows[-1]["oracle_accepted_by_rank"]) == {"0"}
+    assert any(set(r["oracle_accepted_by_rank"]) - {"0"} for r in rows)
 
 
 def test_plant_without_none_run_and_time_budget(tmp_path):
