@@ -103,6 +103,10 @@ def test_modes_and_targets():
     assert t[(1, "ddtree-adaptive / dflash")]["ratio"] == pytest.approx(1.3333, abs=1e-4)
     assert t[(32, "ddtree-adaptive / max(none, dflash)")]["pass"] is False  # 0.94
     assert (32, "ddtree-adaptive / dflash") not in t  # only c <= 8
+    assert all(x["same_run"] for x in t.values())  # no run recorded: one run
+    # a ratio across two runs (two leases, two machines) says so
+    later = [dict(x, run=1 if x["mode"] == "ddtree-adaptive" else 0) for x in cells]
+    assert not any(x["same_run"] for x in grid.targets(later))
 
 
 def test_time_estimates_scale_with_rounds_and_round_cost():
