@@ -266,6 +266,13 @@ def targets(cells: list[dict]) -> list[dict]:
         leases compares two machines and says so."""
         return len({run.get((regime, c, m)) for m in modes}) == 1
 
+    def row(regime: str, c: int, target: str, ratio: float | None, threshold: float,
+            modes: tuple[str, ...]) -> dict:
+        return {"regime": regime, "concurrency": c, "target": target,
+                "ratio": None if ratio is None else round(ratio, 4), "threshold": threshold,
+                "pass": ratio is not None and ratio >= threshold,
+                "same_run": same_run(regime, c, *modes)}
+
     out = []
     for regime, c in sorted({(x["regime"], x["concurrency"]) for x in cells},
                             key=lambda rc: (rc[0], rc[1])):
@@ -273,21 +280,12 @@ def targets(cells: list[dict]) -> list[dict]:
         none, dflash = at.get((regime, c, "none")), at.get((regime, c, "dflash"))
         if ada is not None and none is not None and dflash is not None:
             best = max(none, dflash)
-            ratio = ada / best if best else None
-            out.append({"regime": regime, "concurrency": c,
-                        "target": "ddtree-adaptive / max(none, dflash)",
-                        "ratio": None if ratio is None else round(ratio, 4),
-                        "threshold": TARGET_VS_BEST,
-                        "pass": ratio is not None and ratio >= TARGET_VS_BEST,
-                        "same_run": same_run(regime, c, "ddtree-adaptive", "none", "dflash")})
+            out.append(row(regime, c, "ddtree-adaptive / max(none, dflash)",
+                           ada / best if best else None, TARGET_VS_BEST,
+                           ("ddtree-adaptive", "none", "dflash")))
         if regime == "branchy" and c <= BRANCHY_MAX_C and ada is not None and dflash is not None:
-            ratio = ada / dflash if dflash else None
-            out.append({"regime": regime, "concurrency": c,
-                        "target": "ddtree-adaptive / dflash",
-                        "ratio": None if ratio is None else round(ratio, 4),
-                        "threshold": TARGET_BRANCHY,
-                        "pass": ratio is not None and ratio >= TARGET_BRANCHY,
-                        "same_run": same_run(regime, c, "ddtree-adaptive", "dflash")})
+            out.append(row(regime, c, "ddtree-adaptive / dflash", ada / dflash if dflash else None,
+                           TARGET_BRANCHY, ("ddtree-adaptive", "dflash")))
     return out
 
 

@@ -244,6 +244,19 @@ def generate(url: str, ids: list[int], n: int) -> dict:
             "temperature": 0, "max_new_tokens": n, "ignore_eos": True}})
 
 
+def stop_group(proc: subprocess.Popen, timeout: float) -> int:
+    """SIGTERM a child started with ``start_new_session`` and its whole group, SIGKILL after
+    ``timeout`` s; its exit status."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode
+
+
 @contextlib.contextmanager
 def running_server(opts: Opts, cfg: dict, name: str):
     """Start ``sglang-dflash serve`` for cfg, wait for /health; yield (url, record); stop it."""
@@ -275,14 +288,7 @@ def running_server(opts: Opts, cfg: dict, name: str):
     except Exception as exc:  # recorded, never fatal: the next step still runs
         rec["error"] = f"{type(exc).__name__}: {exc}"
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        rec["serve_exit"] = proc.returncode
+        rec["serve_exit"] = stop_group(proc, timeout=40)
         log.close()
         rec["log_tail"] = log_path.read_text(errors="replace")[-6000:]
 

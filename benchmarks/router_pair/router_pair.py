@@ -40,7 +40,6 @@ import concurrent.futures as cf
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -134,14 +133,7 @@ def running_router(opts, args, urls: list[str]):
     except Exception as exc:  # recorded, never fatal
         rec["error"] = f"{type(exc).__name__}: {exc}"
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        rec["exit"] = proc.returncode
+        rec["exit"] = e2e.stop_group(proc, timeout=30)
         log.close()
         rec["log_tail"] = log_path.read_text(errors="replace")[-4000:]
 

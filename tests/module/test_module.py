@@ -17,6 +17,7 @@ import pytest
 
 from sglang_dflash.config import DDTREE_BUDGET_ENV, parse_config, render_argv, render_env
 from sglang_dflash.unit import load_hardening
+from tests.module.unit_text import as_lines, unit_directives
 
 ROOT = Path(__file__).parents[2]
 EVAL = ROOT / "tests" / "module" / "eval.nix"
@@ -322,17 +323,7 @@ def test_module_and_unit_command_render_the_same_unit(tmp_path):
     text = render_unit(cfg, "/etc/sglang-dflash/q.json",
                        UnitOptions(package_path="/nix/store/00000000000000000000000000000000-"
                                    "sglang-dflash-0.1.0"))
-    rendered: dict[str, list[str]] = {}
-    for line in text.splitlines():
-        if "=" in line and not line.startswith("#"):
-            k, v = line.split("=", 1)
-            rendered.setdefault(k, []).append(v)
-
-    def as_lines(value) -> list[str]:
-        if isinstance(value, bool):
-            return ["true" if value else "false"]
-        return [str(v) for v in value] if isinstance(value, list) else [str(value)]
-
+    rendered = unit_directives(text)
     # config path / %S spelling differ by design
     skip = {"ExecStart", "ExecStartPre", "WorkingDirectory"}
     for key, value in {**svc["serviceConfig"], **svc["unitConfig"]}.items():

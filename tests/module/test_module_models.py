@@ -8,6 +8,7 @@ import pytest
 from sglang_dflash.config import parse_config, render_env
 from sglang_dflash.unit import UnitOptions, load_hardening, render_models_unit
 from tests.module.test_module import DDTREE, eval_error, evaluate
+from tests.module.unit_text import as_lines, unit_directives
 
 pytestmark = [pytest.mark.nixlib]
 
@@ -110,17 +111,7 @@ def test_module_and_unit_command_render_the_same_loader():
     cfg = parse_config(out["configs"]["q"])
     text = render_models_unit(cfg, "/etc/sglang-dflash/q.json",
                               UnitOptions(package_path=EXE.removesuffix("/bin/sglang-dflash")))
-    rendered: dict[str, list[str]] = {}
-    for line in text.splitlines():
-        if "=" in line and not line.startswith("#"):
-            k, v = line.split("=", 1)
-            rendered.setdefault(k, []).append(v)
-
-    def as_lines(value) -> list[str]:
-        if isinstance(value, bool):
-            return ["true" if value else "false"]
-        return [str(v) for v in value] if isinstance(value, list) else [str(value)]
-
+    rendered = unit_directives(text)
     for key, value in {**svc["serviceConfig"], **svc["unitConfig"]}.items():
         if key not in {"ExecStart", "WorkingDirectory"}:
             assert rendered.get(key, []) == as_lines(value), key
