@@ -7,13 +7,18 @@ table: where a decode step's wall time goes, so rounds of different modes can be
 Per step: wall span, GPU busy time (union of kernel/memcpy/memset intervals), GPU idle time
 and its gaps longer than 20 us, kernels launched, CUDA-graph launches, host-blocking CUDA calls
 (stream/event/device synchronize, and memcpy calls, which block for device-to-host copies)
-with their host time; and the top CPU ops and kernels by total time. Pure function over the
+with their host time; and the top CPU ops and kernels by total time. Named ranges
+(``user_annotation`` events: the DDTree round's ``ddtree.<stage>`` ranges) get their host time
+and the GPU time of the kernels launched inside them (linked by the launch's correlation id,
+a CUDA graph's kernels included), and the host time per step outside ``ddtree.round`` (what
+the scheduler and SGLang's result processing cost between rounds). Pure function over the
 trace's events; the file reading is the only I/O.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import gzip
 import json
 import sys
@@ -26,6 +31,7 @@ COPY_CALLS = ("cudaMemcpyAsync", "cudaMemcpy")
 LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
 GRAPH_CALLS = ("cudaGraphLaunch", "cuGraphLaunch")
 GAP_US = 20.0
+ROUND_RANGE = "ddtree.round"
 
 
 def load(path: Path) -> dict:
@@ -57,6 +63,40 @@ def _top(acc: dict[str, list[float]], n: int, steps: int) -> list[dict]:
     rows = sorted(acc.items(), key=lambda kv: -kv[1][0])[:n]
     return [{"name": k[:120], "ms_per_step": round(v[0] / 1000 / steps, 4),
              "calls_per_step": round(v[1] / steps, 2)} for k, v in rows]
+
+
+def range_table(events: list[dict], steps: int, top: int = 20) -> list[dict]:
+    """Host and GPU time per step of each named range: host = the range's own span; GPU = the
+    kernels whose launch (a runtime call on the same thread inside the span) correlates with
+    them. Nested ranges each count their whole span."""
+    gpu_by_corr: dict = defaultdict(float)
+    for e in events:
+        corr = (e.get("args") or {}).get("correlation")
+        if e.get("cat") in GPU_CATS and corr is not None:
+            gpu_by_corr[corr] += float(e["dur"])
+    launches: dict = defaultdict(list)  # (pid, tid) -> sorted [(ts, correlation)]
+    for e in events:
+        corr = (e.get("args") or {}).get("correlation")
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and corr is not None:
+            launches[(e.get("pid"), e.get("tid"))].append((float(e["ts"]), corr))
+    for v in launches.values():
+        v.sort(key=lambda x: x[0])
+    acc: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
+    for e in events:
+        if e.get("cat") != "user_annotation":
+            continue
+        ts, dur = float(e["ts"]), float(e["dur"])
+        row = acc[str(e.get("name", ""))]
+        row[0] += dur
+        row[2] += 1
+        calls = launches.get((e.get("pid"), e.get("tid")), [])
+        lo = bisect.bisect_left(calls, ts, key=lambda x: x[0])
+        hi = bisect.bisect_right(calls, ts + dur, key=lambda x: x[0])
+        row[1] += sum(gpu_by_corr.get(c, 0.0) for _, c in calls[lo:hi])
+    rows = sorted(acc.items(), key=lambda kv: -kv[1][0])[:top]
+    return [{"name": k[:120], "host_ms_per_step": round(v[0] / 1000 / steps, 4),
+             "gpu_ms_per_step": round(v[1] / 1000 / steps, 4),
+             "calls_per_step": round(v[2] / steps, 2)} for k, v in rows]
 
 
 def summarise(trace: dict, steps: int, top: int = 15) -> dict:
@@ -95,6 +135,8 @@ def summarise(trace: dict, steps: int, top: int = 15) -> dict:
     n_graph, _ = calls(GRAPH_CALLS)
     long_gaps = [g for g in gaps if g > GAP_US]
     per = 1000.0 * steps  # us -> ms per step
+    ranges = range_table(events, steps)
+    round_host = next((r["host_ms_per_step"] for r in ranges if r["name"] == ROUND_RANGE), None)
     return {
         "steps": steps,
         "wall_ms_per_step": round(wall / per, 4),
@@ -113,6 +155,10 @@ def summarise(trace: dict, steps: int, top: int = 15) -> dict:
         "top_cpu_ops": _top(cpu_ops, top, steps),
         "top_kernels": _top(kernels, top, steps),
         "top_runtime_calls": _top(runtime, 8, steps),
+        "ranges": ranges,
+        "round_host_ms_per_step": round_host,
+        "outside_round_host_ms_per_step": (round(wall / per - round_host, 4)
+                                           if round_host is not None else None),
     }
 
 

@@ -44,22 +44,45 @@ POLICY_LOG = "DDTree adaptive policy: "
 DETERMINISTIC = "--enable-deterministic-inference"
 
 
+# ``<mode>+<modifier>``: server flags a mode can add (each also named in the mode's label).
+MODIFIERS = {"no-overlap": "--disable-overlap-schedule"}
+
+
+def split_modifiers(mode: str) -> tuple[str, tuple[str, ...]]:
+    """``none+no-overlap`` -> ("none", ("no-overlap",)); a one-line ValueError otherwise."""
+    head, *mods = mode.split("+")
+    for m in mods:
+        if m not in MODIFIERS:
+            raise ValueError(f"unknown modifier +{m} in {mode!r}: "
+                             + ", ".join("+" + k for k in MODIFIERS))
+    return head, tuple(mods)
+
+
 def parse_mode(mode: str) -> tuple[str, int | None, bool]:
     """``ddtree:16`` -> (algorithm, budget, adaptive); a one-line ValueError otherwise."""
-    head, _, arg = mode.partition(":")
+    head, _, arg = split_modifiers(mode)[0].partition(":")
     if head in ("none", "dflash") and not arg:
         return head, None, False
     if head in ("ddtree", "adaptive") and arg.isdigit() and int(arg) > 0:
         return "ddtree", int(arg), head == "adaptive"
-    raise ValueError(f"unknown mode {mode!r}: none, dflash, ddtree:<N>, adaptive:<N>")
+    raise ValueError(f"unknown mode {mode!r}: none, dflash, ddtree:<N>, adaptive:<N> "
+                     "(each may end in " + ", ".join("+" + k for k in MODIFIERS) + ")")
 
 
 def mode_label(mode: str) -> str:
-    """The label issue 15's JSON uses: none | dflash | ddtree-<N> | ddtree-adaptive-<N>."""
+    """The label issue 15's JSON uses: none | dflash | ddtree-<N> | ddtree-adaptive-<N>, then
+    each modifier (``none+no-overlap``)."""
     algorithm, budget, adaptive = parse_mode(mode)
+    mods = "".join("+" + m for m in split_modifiers(mode)[1])
     if algorithm != "ddtree":
-        return algorithm
-    return f"ddtree-adaptive-{budget}" if adaptive else f"ddtree-{budget}"
+        return algorithm + mods
+    return (f"ddtree-adaptive-{budget}" if adaptive else f"ddtree-{budget}") + mods
+
+
+def file_name(mode: str) -> str:
+    """A mode as part of a file name: letters, digits and '-' (the device tool brings back
+    nothing else)."""
+    return mode.replace(":", "-").replace("+", "-")
 
 
 def pair_config(pair: Path, name: str, mode: str, backend: str, *,
@@ -70,7 +93,8 @@ def pair_config(pair: Path, name: str, mode: str, backend: str, *,
     point)."""
     algorithm, budget, adaptive = parse_mode(mode)
     extra = ["--sampling-backend", "pytorch", "--cuda-graph-max-bs", str(graph_max_bs),
-             "--cuda-graph-backend-prefill", "disabled", "--dtype", "bfloat16"]
+             "--cuda-graph-backend-prefill", "disabled", "--dtype", "bfloat16",
+             *(MODIFIERS[m] for m in split_modifiers(mode)[1])]
     if deterministic:
         extra.append(DETERMINISTIC)
     cfg: dict = {
@@ -89,11 +113,14 @@ def pair_config(pair: Path, name: str, mode: str, backend: str, *,
     return cfg
 
 
-def write_dummy_pair(root: Path, seed: int = 0) -> None:
-    """gpu_e2e's 8B-shaped target/draft configs and 64 prompts of 64-496 random ids."""
+def write_dummy_pair(root: Path, seed: int = 0, shape: str = "8b") -> None:
+    """The target/draft configs of a shape (adaptive_grid's: ``8b`` = gpu_e2e's, ``4b`` the
+    adaptive grid's) and 64 prompts of 64-496 random ids."""
     import random
 
-    e2e.write_models(root)
+    import adaptive_grid  # benchmarks/ is on PYTHONPATH
+
+    adaptive_grid.write_models(root, *adaptive_grid.shape_configs(shape))
     rng = random.Random(seed)
     vocab = e2e.TARGET_CONFIG["vocab_size"]
     lines = [json.dumps({"input_ids": [rng.randrange(1000, vocab - 1000)
@@ -183,7 +210,7 @@ def policy_lines(log: Path) -> list[dict]:
 def serve_mode(opts, pair: Path, mode: str, backend: str, prompts: list[dict],
                greedy_n: int, per_level: int, bench_prompts: Path) -> dict:
     algorithm, budget, adaptive = parse_mode(mode)
-    name = mode.replace(":", "-") + f"-{backend}"
+    name = file_name(mode) + f"-{backend}"
     cfg = pair_config(pair, name, mode, backend, port=opts.port, dummy=opts.dummy)
     head = prompts[:greedy_n]
     with e2e.running_server(opts, cfg, name) as (url, rec):
@@ -227,7 +254,7 @@ def seeded_mode(opts, pair: Path, mode: str, backend: str, prompts: list[dict],
     if not base.get("outputs"):
         rec["error"] = "the seeded no-speculation server gave no outputs"
         return rec
-    name = f"seeded-{mode.replace(':', '-')}-{backend}"
+    name = f"seeded-{file_name(mode)}-{backend}"
     cfg = pair_config(pair, name, mode, backend, deterministic=True, port=opts.port,
                       dummy=opts.dummy)
     with e2e.running_server(opts, cfg, name) as (url, r1):
@@ -311,7 +338,7 @@ def timed_level(url: str, prompts: list[dict], c: int) -> dict:
 def profile_mode(opts, pair: Path, mode: str, backend: str, prompts: list[dict],
                  steps: int) -> dict:
     """One server of ``mode``, profiled at each of PROFILE_LEVELS after a warm-up."""
-    name = "profile-" + mode.replace(":", "-") + f"-{backend}"
+    name = "profile-" + file_name(mode) + f"-{backend}"
     cfg = pair_config(pair, name, mode, backend, port=opts.port, dummy=opts.dummy,
                       graph_max_bs=opts.graph_max_bs)
     with e2e.running_server(opts, cfg, name) as (url, rec):
@@ -372,6 +399,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dummy", action="store_true",
                     help="random weights: --pair gets gpu_e2e's 8B-shaped Qwen3 configs and 64 "
                     "random-id prompts if it has no prompts.jsonl (round-cost profiles)")
+    ap.add_argument("--shape", choices=("8b", "4b"), default="8b",
+                    help="the --dummy pair's shape (4b = the adaptive grid's)")
     ap.add_argument("--greedy-prompts", type=int, default=8)
     ap.add_argument("--seeded-prompts", type=int, default=6)
     ap.add_argument("--requests-per-level", type=int, default=4,
@@ -399,7 +428,7 @@ def main(argv=None) -> int:
             return 2
         steps.append((m, base, backend))
     if args.dummy and not (args.pair / "prompts.jsonl").exists():
-        write_dummy_pair(args.pair)
+        write_dummy_pair(args.pair, shape=args.shape)
     if not (args.pair / "prompts.jsonl").is_file():
         print(f"serve_pair: {args.pair}/prompts.jsonl missing: run real_drafter.train first",
               file=sys.stderr)
@@ -465,7 +494,9 @@ def main(argv=None) -> int:
                    for m, r in results["seeded"].items()},
         "profile": {m: [(lv["concurrency"], {k: (lv.get("summary") or {}).get(k) for k in (
                         "wall_ms_per_step", "gpu_busy_ms_per_step", "kernels_per_step",
-                        "sync_calls_per_step")}, lv.get("error")) for lv in r.get("levels", [])]
+                        "sync_calls_per_step", "round_host_ms_per_step",
+                        "outside_round_host_ms_per_step")}, lv.get("error"))
+                       for lv in r.get("levels", [])]
                     + [("timed", t.get("concurrency"), t.get("ms_per_round"), t.get("tok_s"))
                        for t in r.get("timed", [])]
                     for m, r in results["profile"].items()},

@@ -39,12 +39,41 @@ def test_diagnostics_are_imported_only_by_their_loaders():
     assert users == {"_load_plant", "_load_profiler", "_load_tracer", "_apply_plant"}
 
 
+def _stage_calls(fn) -> list[str]:
+    """The ``self.*_stage(...)`` calls in fn, in source order."""
+    calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call)
+             and isinstance(n.func, ast.Attribute) and n.func.attr.endswith("_stage")]
+    return [n.func.attr for n in sorted(calls, key=lambda n: (n.lineno, n.col_offset))]
+
+
 def test_the_round_calls_one_method_per_stage_in_order():
-    calls = [n.func.attr for n in ast.walk(_methods()["_ddtree_round"])
-             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-             and n.func.attr.endswith("_stage")]
-    assert calls == ["_draft_stage", "_tree_stage", "_verify_stage", "_accept_stage",
-                     "_commit_stage"]
+    assert _stage_calls(_methods()["_ddtree_round_body"]) == [
+        "_draft_stage", "_tree_stage", "_verify_stage", "_accept_stage", "_commit_stage"]
+
+
+def _range_names(fn) -> list[str]:
+    """Names of the ``with ranges("...")`` blocks in fn, in source order."""
+    withs = sorted((n for n in ast.walk(fn) if isinstance(n, ast.With)), key=lambda n: n.lineno)
+    return [item.context_expr.args[0].value for n in withs for item in n.items
+            if isinstance(item.context_expr, ast.Call)
+            and getattr(item.context_expr.func, "id", None) == "ranges"]
+
+
+def test_every_stage_runs_inside_a_named_profiler_range():
+    """A trace of SGLang's /start_profile shows each stage's host time (trace_summary reads
+    the ranges): the round, each stage but verify inside its own range, and verify split into
+    its inputs and the target's forward."""
+    m = _methods()
+    assert _range_names(m["_ddtree_round"]) == ["round"]
+    body = m["_ddtree_round_body"]
+    assert _range_names(body) == ["choose", "draft", "tree", "accept", "commit", "result"]
+    for w in (n for n in ast.walk(body) if isinstance(n, ast.With)):
+        (name,) = _range_names(ast.Module(body=[w], type_ignores=[]))
+        inside = _stage_calls(ast.Module(body=w.body, type_ignores=[]))
+        want = {"draft": ["_draft_stage"], "tree": ["_tree_stage"],
+                "accept": ["_accept_stage"], "commit": ["_commit_stage"]}.get(name, [])
+        assert inside == want, (name, inside)
+    assert _range_names(m["_verify_stage"]) == ["verify_prep", "verify_forward"]
 
 
 def test_the_pure_modules_import_without_torch():

@@ -72,6 +72,65 @@ def test_summary_per_step_figures():
         trace_summary.summarise({"traceEvents": events}, steps=0)
 
 
+def _r(cat, name, ts, dur, corr=None, tid=1):
+    e = {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid}
+    if corr is not None:
+        e["args"] = {"correlation": corr}
+    return e
+
+
+def test_ranges_get_their_host_time_and_their_kernels_gpu_time():
+    """One step: ddtree.round 0..100 us holding ddtree.draft 0..20 (one launch -> 7 us kernel)
+    and ddtree.verify_forward 30..60 (a graph launch -> two kernels, 10 + 15 us). A launch on
+    another thread inside the span and one after the round are not the round's."""
+    events = [
+        _r("user_annotation", "ddtree.round", 0, 100),
+        _r("user_annotation", "ddtree.draft", 0, 20),
+        _r("user_annotation", "ddtree.verify_forward", 30, 30),
+        _r("cuda_runtime", "cudaLaunchKernel", 5, 2, corr=1),
+        _r("cuda_runtime", "cudaGraphLaunch", 40, 3, corr=2),
+        _r("cuda_runtime", "cudaLaunchKernel", 45, 2, corr=3, tid=2),
+        _r("cuda_runtime", "cudaLaunchKernel", 150, 2, corr=4),
+        _r("kernel", "topk", 10, 7, corr=1),
+        _r("kernel", "gemm", 50, 10, corr=2), _r("kernel", "attn", 60, 15, corr=2),
+        _r("kernel", "other", 80, 4, corr=3), _r("kernel", "late", 160, 40, corr=4),
+    ]
+    s = trace_summary.summarise({"traceEvents": events}, steps=1)
+    rows = {r["name"]: r for r in s["ranges"]}
+    assert rows["ddtree.round"] == {"name": "ddtree.round", "host_ms_per_step": 0.1,
+                                    "gpu_ms_per_step": 0.032, "calls_per_step": 1.0}
+    assert rows["ddtree.draft"]["gpu_ms_per_step"] == pytest.approx(0.007)
+    assert rows["ddtree.verify_forward"]["gpu_ms_per_step"] == pytest.approx(0.025)
+    assert s["round_host_ms_per_step"] == 0.1
+    # wall: the first to the last GPU event (10 .. 200 us)
+    assert s["outside_round_host_ms_per_step"] == pytest.approx(0.19 - 0.1)
+
+
+def test_no_ranges_no_round_figures():
+    s = trace_summary.summarise({"traceEvents": [_r("kernel", "k", 0, 5)]}, steps=1)
+    assert s["ranges"] == [] and s["round_host_ms_per_step"] is None
+    assert s["outside_round_host_ms_per_step"] is None
+
+
+def test_the_worker_ranges_in_a_real_trace(tmp_path):
+    """stage_ranges under torch.profiler, read back by the summary (CPU: no GPU time)."""
+    torch = pytest.importorskip("torch")
+    from sglang_dflash.sglang_overlay.timing import stage_ranges
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(2):
+            ranges = stage_ranges()
+            with ranges("round"), ranges("draft"):
+                torch.randn(32, 32).sum()
+    plain = tmp_path / "t.json"
+    prof.export_chrome_trace(str(plain))
+    s = trace_summary.summarise(trace_summary.load(plain), steps=2)
+    rows = {r["name"]: r for r in s["ranges"]}
+    assert rows["ddtree.round"]["calls_per_step"] == 1.0
+    assert rows["ddtree.draft"]["host_ms_per_step"] > 0
+    assert s["outside_round_host_ms_per_step"] is not None
+
+
 def test_real_torch_profiler_trace(tmp_path):
     """A chrome trace written by torch.profiler itself (CPU activity), gzip'd as SGLang's."""
     torch = pytest.importorskip("torch")
@@ -172,3 +231,47 @@ def test_serve_pair_bad_mode_one_line(pair, tmp_path):
 def test_serve_pair_missing_pair(tmp_path):
     r = _run(tmp_path / "nothing", tmp_path / "o", "none")
     assert r.returncode == 2 and "real_drafter.train" in r.stderr
+
+
+def test_modifiers_parse_label_and_render():
+    import real_drafter.serve_pair as sp
+
+    assert sp.split_modifiers("none+no-overlap") == ("none", ("no-overlap",))
+    assert sp.parse_mode("ddtree:16+no-overlap") == ("ddtree", 16, False)
+    assert sp.mode_label("none+no-overlap") == "none+no-overlap"
+    assert sp.mode_label("adaptive:16+no-overlap") == "ddtree-adaptive-16+no-overlap"
+    assert sp.file_name("profile:none+no-overlap") == "profile-none-no-overlap"
+    with_flag = sp.pair_config(Path("/p"), "n", "none+no-overlap", "triton")["extraArgs"]
+    without = sp.pair_config(Path("/p"), "n", "none", "triton")["extraArgs"]
+    assert with_flag == [*without, "--disable-overlap-schedule"]
+    with pytest.raises(ValueError, match=r"\+fast"):
+        sp.parse_mode("none+fast")
+
+
+def test_serve_pair_unknown_modifier_one_line(pair, tmp_path):
+    r = _run(pair, tmp_path / "o", "profile:none+fast")
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "+no-overlap" in r.stderr
+
+
+def test_profile_of_a_modified_mode_names_its_files_plainly(pair, tmp_path):
+    out = tmp_path / "out"
+    r = _run(pair, out, "profile:none+no-overlap")
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads((out / "results.json").read_text())
+    rec = res["profile"]["profile:none+no-overlap"]
+    assert rec["label"] == "none+no-overlap"
+    cfg = json.loads((out / "config-profile-none-no-overlap-triton.json").read_text())
+    assert "--disable-overlap-schedule" in cfg["extraArgs"]
+    assert all("+" not in p.name for p in out.rglob("*"))
+
+
+def test_dummy_pair_of_the_grid_shape(tmp_path):
+    import adaptive_grid
+    import real_drafter.serve_pair as sp
+
+    sp.write_dummy_pair(tmp_path, shape="4b")
+    target = json.loads((tmp_path / "target" / "config.json").read_text())
+    assert target == adaptive_grid.shape_configs("4b")[0]
+    assert target != adaptive_grid.shape_configs("8b")[0]
+    assert len((tmp_path / "prompts.jsonl").read_text().splitlines()) == 64

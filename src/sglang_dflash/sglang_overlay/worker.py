@@ -54,6 +54,7 @@ from sglang_dflash.sglang_overlay import adaptive as adaptive_mod
 from sglang_dflash.sglang_overlay import policy as policy_mod
 from sglang_dflash.sglang_overlay import settings
 from sglang_dflash.sglang_overlay.draft_head import DraftTopKHead, draft_topk
+from sglang_dflash.sglang_overlay.timing import stage_ranges
 from sglang_dflash.sglang_overlay.verify import (
     RootRound,
     build_verify_tensors,
@@ -596,9 +597,17 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
     def _ddtree_round(self, batch, draft_input, on_publish):
         """One decode round: draft, tree, verify, accept, commit (the profiler's five stages,
-        marked between the stage methods; the meter times the round from start to start)."""
+        marked between the stage methods; the meter times the round from start to start).
+        Under SGLang's torch profiler each stage is also a ``ddtree.<stage>`` range, so a
+        trace gives the host time of each (benchmarks/trace_summary.py)."""
+        ranges = stage_ranges()
+        with ranges("round"):
+            return self._ddtree_round_body(batch, draft_input, on_publish, ranges)
+
+    def _ddtree_round_body(self, batch, draft_input, on_publish, ranges):
         bs = len(batch.seq_lens)
-        budget, key = self._choose_budget(batch, bs)
+        with ranges("choose"):
+            budget, key = self._choose_budget(batch, bs)
         width = budget + 1
         prefix_lens = batch.seq_lens  # the committed prefixes this round starts from
         prof, meter = self._prof, self._meter
@@ -606,40 +615,44 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             meter.begin()
         if prof is not None:
             prof.mark(0, bs)
-        drafted = self._draft_stage(batch, draft_input, bs, budget)
+        with ranges("draft"):
+            drafted = self._draft_stage(batch, draft_input, bs, budget)
         if prof is not None:
             prof.mark(1)
-        tree = self._tree_stage(batch, drafted, bs, budget)
+        with ranges("tree"):
+            tree = self._tree_stage(batch, drafted, bs, budget)
         if prof is not None:
             prof.mark(2)
-        target_out, vt = self._verify_stage(batch, draft_input, tree, bs, width, prof)
+        target_out, vt = self._verify_stage(batch, draft_input, tree, bs, width, prof, ranges)
         if prof is not None:
             prof.mark(4)
-        acc = self._accept_stage(batch, tree, target_out.logits_output, vt, bs, width, budget)
-        new_seq_lens = prefix_lens + acc.commit_lens.to(prefix_lens.dtype)
+        with ranges("accept"):
+            acc = self._accept_stage(batch, tree, target_out.logits_output, vt, bs, width,
+                                     budget)
+            new_seq_lens = prefix_lens + acc.commit_lens.to(prefix_lens.dtype)
         if on_publish is not None:
             on_publish(new_seq_lens)
-        self._commit_stage(target_out.logits_output, acc, drafted, bs, budget)
+        with ranges("commit"):
+            self._commit_stage(target_out.logits_output, acc, drafted, bs, budget)
         if prof is not None:
             prof.mark(5)
-        if meter is not None:
-            cands = self._counted_budgets(key, budget)
-            counts = (
-                adaptive_mod.path_counts(acc.accept_index, width, cands[1]) if cands[0] else None
+        with ranges("result"):
+            if meter is not None:
+                cands = self._counted_budgets(key, budget)
+                counts = (adaptive_mod.path_counts(acc.accept_index, width, cands[1])
+                          if cands[0] else None)
+                meter.end(key, budget, bs, cands[0], counts)
+            return GenerationBatchResult(
+                logits_output=target_out.logits_output,
+                next_token_ids=acc.out_tokens.reshape(-1),
+                accept_lens=acc.commit_lens,
+                can_run_cuda_graph=target_out.can_run_cuda_graph,
+                next_draft_input=self._make_next_draft_input_decode(
+                    bonus_tokens=acc.bonus, new_seq_lens=new_seq_lens
+                ),
+                speculative_num_draft_tokens=self.block_size,
+                new_seq_lens=new_seq_lens,
             )
-            meter.end(key, budget, bs, cands[0], counts)
-
-        return GenerationBatchResult(
-            logits_output=target_out.logits_output,
-            next_token_ids=acc.out_tokens.reshape(-1),
-            accept_lens=acc.commit_lens,
-            can_run_cuda_graph=target_out.can_run_cuda_graph,
-            next_draft_input=self._make_next_draft_input_decode(
-                bonus_tokens=acc.bonus, new_seq_lens=new_seq_lens
-            ),
-            speculative_num_draft_tokens=self.block_size,
-            new_seq_lens=new_seq_lens,
-        )
 
     def _draft_stage(self, batch, draft_input, bs: int, budget: int) -> _Drafted:
         """The drafter's per-depth top-K and the block's slots; a budget-0 round drafts
@@ -659,8 +672,27 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             return build_tree(drafted.logp, drafted.ids, roots, batch.seq_lens, budget)
         return self._root_round(bs).tree(roots, batch.seq_lens)
 
-    def _verify_stage(self, batch, draft_input, tree, bs: int, width: int, prof):
+    def _verify_stage(self, batch, draft_input, tree, bs: int, width: int, prof, ranges):
         """Verify inputs (slots, mask, positions) and the target's forward over the tree."""
+        with ranges("verify_prep"):
+            verify_fb, vt = self._verify_inputs(batch, draft_input, tree, bs, width)
+        if prof is not None:
+            prof.mark(3)
+        with ranges("verify_forward"):
+            target_out = self._target_worker.forward_batch_generation(
+                batch=None, forward_batch=verify_fb, is_verify=True,
+                skip_attn_backend_init=True,
+            )
+            if batch.sampling_info is not None:
+                apply_dflash_verify_logits_adjustments(
+                    next_token_logits=target_out.logits_output.next_token_logits,
+                    sampling_info=batch.sampling_info,
+                    draft_token_num=width,
+                )
+        return target_out, vt
+
+    def _verify_inputs(self, batch, draft_input, tree, bs: int, width: int):
+        """(the verify ForwardBatch, the verify tensors): slots, tree mask, positions."""
         prefix_lens = batch.seq_lens
         verify_loc = assign_extend_cache_locs_func(
             req_pool_indices=batch.req_pool_indices,
@@ -698,18 +730,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         batch.out_cache_loc = verify_loc
         verify_fb, _ = verify_input.prepare_for_verify(batch, self._target_worker)
         batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu_backup, seq_lens_sum_backup
-        if prof is not None:
-            prof.mark(3)
-        target_out = self._target_worker.forward_batch_generation(
-            batch=None, forward_batch=verify_fb, is_verify=True, skip_attn_backend_init=True
-        )
-        if batch.sampling_info is not None:
-            apply_dflash_verify_logits_adjustments(
-                next_token_logits=target_out.logits_output.next_token_logits,
-                sampling_info=batch.sampling_info,
-                draft_token_num=width,
-            )
-        return target_out, vt
+        return verify_fb, vt
 
     def _node_choice(self, sampling_info, logits, vt, bs: int, width: int):
         """The target's token after every node: argmax, a seeded draw, or a sample."""
