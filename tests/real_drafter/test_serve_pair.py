@@ -98,8 +98,10 @@ def test_ranges_get_their_host_time_and_their_kernels_gpu_time():
     s = trace_summary.summarise({"traceEvents": events}, steps=1)
     rows = {r["name"]: r for r in s["ranges"]}
     assert rows["ddtree.round"] == {"name": "ddtree.round", "host_ms_per_step": 0.1,
-                                    "gpu_ms_per_step": 0.032, "calls_per_step": 1.0}
+                                    "gpu_ms_per_step": 0.032, "calls_per_step": 1.0,
+                                    "launches_per_step": 1.0}  # the graph launch is not one
     assert rows["ddtree.draft"]["gpu_ms_per_step"] == pytest.approx(0.007)
+    assert rows["ddtree.draft"]["launches_per_step"] == 1.0
     assert rows["ddtree.verify_forward"]["gpu_ms_per_step"] == pytest.approx(0.025)
     assert s["round_host_ms_per_step"] == 0.1
     # wall: the first to the last GPU event (10 .. 200 us)
