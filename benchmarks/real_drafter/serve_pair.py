@@ -337,7 +337,9 @@ def timed_level(url: str, prompts: list[dict], c: int) -> dict:
 
 def profile_mode(opts, pair: Path, mode: str, backend: str, prompts: list[dict],
                  steps: int) -> dict:
-    """One server of ``mode``, profiled at each of PROFILE_LEVELS after a warm-up."""
+    """One server of ``mode``, profiled at each of ``opts.profile_levels`` (default
+    PROFILE_LEVELS) after a warm-up."""
+    levels = getattr(opts, "profile_levels", PROFILE_LEVELS)
     name = "profile-" + file_name(mode) + f"-{backend}"
     cfg = pair_config(pair, name, mode, backend, port=opts.port, dummy=opts.dummy,
                       graph_max_bs=opts.graph_max_bs)
@@ -345,9 +347,9 @@ def profile_mode(opts, pair: Path, mode: str, backend: str, prompts: list[dict],
         rec |= {"mode": f"profile:{mode}", "label": mode_label(mode), "backend": backend}
         if rec["ready_seconds"]:
             run_requests(url, prompts[:8], None, parallel=True)  # warm-up: graphs, JIT
-            rec["timed"] = [timed_level(url, prompts, c) for c in PROFILE_LEVELS]
+            rec["timed"] = [timed_level(url, prompts, c) for c in levels]
             rec["levels"] = [profile_level(url, opts.out / f"{name}-c{c}", prompts, c, steps)
-                             for c in PROFILE_LEVELS]
+                             for c in levels]
     rec["policy"] = policy_lines(opts.out / f"serve-{name}.log")
     return rec
 
@@ -407,12 +409,23 @@ def main(argv=None) -> int:
                     help="requests per level = this x concurrency (>= 4: steady state)")
     ap.add_argument("--profile-steps", type=int, default=40,
                     help="forward steps each profile:<mode> level records")
+    ap.add_argument("--profile-levels", default=",".join(map(str, PROFILE_LEVELS)),
+                    help="concurrencies each profile:<mode> server is profiled at (each <= the "
+                    "prompts and --graph-max-bs)")
     ap.add_argument("--graph-max-bs", type=int, default=32,
                     help="--cuda-graph-max-bs of profile:<mode> servers (8 covers c = 1, 8 and "
                     "starts faster)")
     ap.add_argument("--time-budget-s", type=float, default=0)
     ap.add_argument("modes", nargs="+")
     args = ap.parse_args(argv)
+    try:
+        profile_levels = tuple(int(x) for x in args.profile_levels.split(","))
+        if not profile_levels or min(profile_levels) < 1:
+            raise ValueError
+    except ValueError:
+        print(f"serve_pair: --profile-levels {args.profile_levels!r}: positive integers, "
+              "comma-separated", file=sys.stderr)
+        return 2
     steps = []
     for m in args.modes:
         base, _, backend = m.partition("@")
@@ -445,6 +458,7 @@ def main(argv=None) -> int:
     opts.port = args.port  # type: ignore[attr-defined]
     opts.dummy = args.dummy  # type: ignore[attr-defined]
     opts.graph_max_bs = args.graph_max_bs  # type: ignore[attr-defined]
+    opts.profile_levels = profile_levels  # type: ignore[attr-defined]
     prompts = load_prompts(args.pair)
     bprompts = bench_file(args.out, prompts)
     results: dict = {"modes": args.modes, "pair_report_sha256": None, "serve": {},

@@ -277,3 +277,14 @@ def test_dummy_pair_of_the_grid_shape(tmp_path):
     assert target == adaptive_grid.shape_configs("4b")[0]
     assert target != adaptive_grid.shape_configs("8b")[0]
     assert len((tmp_path / "prompts.jsonl").read_text().splitlines()) == 64
+
+
+def test_profile_levels_option(pair, tmp_path):
+    out = tmp_path / "out"
+    r = _run(pair, out, "--profile-levels", "2", "profile:ddtree:16")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rec = json.loads((out / "results.json").read_text())["profile"]["profile:ddtree:16"]
+    assert [lv["concurrency"] for lv in rec["levels"]] == [2]
+    assert [t["concurrency"] for t in rec["timed"]] == [2]
+    bad = _run(pair, tmp_path / "o2", "--profile-levels", "0,x", "profile:none")
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0
