@@ -301,8 +301,10 @@ def grid_document(results: dict, regimes: list[str], modes: list[str],
                                  for m, by_regime in results.get("identity", {}).items()}}
 
 
-def plot(grid_path: Path, png: Path) -> None:
-    """One panel per regime: tok/s against concurrency (log2 x, log y), a line per mode."""
+def plot(grid_path: Path, png: Path) -> dict:
+    """One panel per regime: tok/s against concurrency (log2 x, log y), a line per mode; a
+    mode keeps its colour and marker in every panel, and one legend lists every mode.
+    Returns what was drawn: ``{"colors": {(regime, mode): colour}, "legend": [mode, ...]}``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -321,14 +323,16 @@ def plot(grid_path: Path, png: Path) -> None:
     fig, axes = plt.subplots(1, len(regimes), figsize=(5 * len(regimes), 4.2), squeeze=False,
                              sharey=True)
     lin = grid.get("linear_accept_length", {})
+    drawn: dict = {"colors": {}, "legend": []}
     for ax, regime in zip(axes[0], regimes, strict=True):
         for i, mode in enumerate(modes):
             pts = sorted((x["concurrency"], x["tok_s"]) for x in cells
                          if x["regime"] == regime and x["mode"] == mode)
             if pts:
                 ax.plot(*zip(*pts, strict=True), marker=markers[i % len(markers)],
-                        markersize=7, markerfacecolor="none", linewidth=1.4, label=mode,
-                        clip_on=False, zorder=3 + i)
+                        color=f"C{i % 10}", markersize=7, markerfacecolor="none",
+                        linewidth=1.4, label=mode, clip_on=False, zorder=3 + i)
+                drawn["colors"][(regime, mode)] = ax.get_lines()[-1].get_color()
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         levels = sorted({x["concurrency"] for x in cells})
@@ -339,11 +343,18 @@ def plot(grid_path: Path, png: Path) -> None:
         ax.set_xlabel("concurrency")
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("output tok/s")
-    axes[0][-1].legend(fontsize=8)
+    handles = {}
+    for ax in axes[0]:
+        for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, h)
+    legend = axes[0][-1].legend([handles[m] for m in modes if m in handles],
+                                [m for m in modes if m in handles], fontsize=8)
+    drawn["legend"] = [t.get_text() for t in legend.get_texts()]
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=110)
     plt.close(fig)
+    return drawn
 
 
 # ---- the run --------------------------------------------------------------------------------

@@ -345,3 +345,22 @@ def test_plot_writes_a_png(runs, tmp_path):
     r = _run("--plot", str(runs["out"] / "adaptive-grid.json"), str(png))
     assert r.returncode == 0, r.stderr[-2000:]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_plot_keeps_a_mode_s_colour_in_every_panel(tmp_path):
+    """A mode missing from one panel (here ddtree-64, measured on one regime only, as on the
+    H200) must not shift the colours of the modes after it; the legend lists every mode."""
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed: --plot needs it")
+    import adaptive_grid
+
+    cells = [{"regime": r, "concurrency": c, "mode": m, "tok_s": 100.0 * c, "accept_length": 1}
+             for r in ("absent", "chain") for c in (1, 2)
+             for m in ("none", "ddtree-64", "ddtree-adaptive")
+             if not (m == "ddtree-64" and r == "chain")]
+    grid = tmp_path / "g.json"
+    grid.write_text(json.dumps({"cells": cells}))
+    drawn = adaptive_grid.plot(grid, tmp_path / "g.png")
+    colors = drawn["colors"]
+    assert colors[("absent", "ddtree-adaptive")] == colors[("chain", "ddtree-adaptive")]
+    assert colors[("absent", "none")] == colors[("chain", "none")]
+    assert drawn["legend"] == ["none", "ddtree-64", "ddtree-adaptive"]
