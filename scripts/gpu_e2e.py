@@ -257,31 +257,46 @@ def stop_group(proc: subprocess.Popen, timeout: float) -> int:
     return proc.returncode
 
 
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
 @contextlib.contextmanager
 def running_server(opts: Opts, cfg: dict, name: str):
-    """Start ``sglang-dflash serve`` for cfg, wait for /health; yield (url, record); stop it."""
+    """Start ``sglang-dflash serve`` for cfg, wait for /health; yield (url, record); stop it.
+
+    Ready means *this* child answers: a port that already answers before the start (a stale
+    server of an interrupted run) is refused, and a child that has exited is never ready even
+    if the port answers (on 2026-12-03 a stale DDTree N = 16 server answered for an N = 64
+    start whose serve had exited 3, and was benched as N = 64)."""
     cfg_path = opts.out / f"config-{name}.json"
     cfg_path.write_text(json.dumps(cfg, indent=1))
     log_path = opts.out / f"serve-{name}.log"
+    url = f"http://127.0.0.1:{cfg.get('port', PORT)}"
+    if _answers(url):
+        rec = {"config": cfg, "ready_seconds": None,
+               "error": f"port busy: something already answers {url}/health before the start "
+                        "(a stale server?); not started"}
+        yield url, rec
+        return
     log = open(log_path, "w")  # noqa: SIM115 - closed in finally
     t0 = time.monotonic()
     proc = subprocess.Popen(cli(["serve", "--config", str(cfg_path), "--poll-interval", "0.5"]),
                             env=opts.env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
-    url = f"http://127.0.0.1:{cfg.get('port', PORT)}"
     rec: dict = {"config": cfg, "ready_seconds": None, "pid": proc.pid}
     limit = min(cfg["startTimeout"] + 10, max(opts.clock.left() - 20, 30))
     while time.monotonic() - t0 < limit:
         if proc.poll() is not None:
             rec["serve_exit_before_ready"] = proc.returncode
             break
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    rec["ready_seconds"] = round(time.monotonic() - t0, 1)
-                    break
-        except OSError:
-            pass
+        if _answers(url) and proc.poll() is None:
+            rec["ready_seconds"] = round(time.monotonic() - t0, 1)
+            break
         time.sleep(0.5)
     try:
         yield url, rec

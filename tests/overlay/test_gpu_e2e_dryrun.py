@@ -221,3 +221,47 @@ def test_trace_step_against_standin(tmp_path):
     assert rec["traces"] == [] and rec["trace_files"] == []
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "trace:x" in summary["errors"] and summary["trace"]["trace:16"] == []
+
+
+def _gpu_e2e():
+    spec = importlib.util.spec_from_file_location("gpu_e2e_under_test", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_port_that_already_answers_is_not_a_ready_server(tmp_path):
+    """A stale server on the port (an interrupted run's) must not be taken for the new one:
+    the start is refused with the reason, nothing is started, nothing is benched."""
+    import http.server
+    import socket
+    import threading
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    stale = http.server.HTTPServer(("127.0.0.1", port), Health)
+    threading.Thread(target=stale.serve_forever, daemon=True).start()
+    try:
+        e2e = _gpu_e2e()
+        out = tmp_path / "out"
+        out.mkdir()
+        opts = e2e.Opts(out=out, env=dict(os.environ), models=(tmp_path, tmp_path),
+                        backend="triton", bench=False, bench_prompts="planted",
+                        bench_concurrency="1", bench_num_prompts=1, clock=e2e.Clock(60))
+        cfg = {"port": port, "startTimeout": 30}
+        with e2e.running_server(opts, cfg, "x") as (_url, rec):
+            assert rec["ready_seconds"] is None
+            assert "port busy" in rec["error"] and "pid" not in rec
+        assert not (out / "serve-x.log").exists()  # no serve process was started
+    finally:
+        stale.shutdown()
