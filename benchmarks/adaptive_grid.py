@@ -20,10 +20,16 @@ prompts at each level, and after each regime ``check --url`` (and, for adaptive,
 summary from /server_info).
 
 Resumable and time-bounded: --out/results.json is rewritten after every bench; cells already
-there are skipped, and a server whose remaining cells cannot fit in --time-budget-s (start
-estimate + per-level estimates) is skipped with the reason recorded, never cut off, so
-back-to-back calls with the same --out finish the grid. The grid (--grid-json) is rewritten
-too. ``--plot GRID_JSON PNG`` draws it (matplotlib, on any machine afterwards).
+there are skipped. Estimates come from what was measured (Grid.level_estimate,
+Grid.start_estimate: per-round work scaled by accept length and measured cost ratios, the
+median warm start). A server whose estimate (start + its levels; a DDTree server: + its first
+pending regime) does not fit --time-budget-s is skipped with the reason recorded; a started
+DDTree server runs each regime, and every server each level, only if its estimate fits the
+time left, leaving the rest (recorded) for the next call, so back-to-back calls with the same
+--out finish the grid. SIGINT or SIGTERM (``timeout -s INT 545 python3 -m adaptive_grid
+...``) stops the running server, saves results.json, writes --export, and exits 130 (143)
+with one line. The grid (--grid-json) is rewritten too. ``--plot GRID_JSON PNG`` draws it
+(matplotlib, on any machine afterwards).
 """
 
 from __future__ import annotations
@@ -1203,6 +1209,12 @@ def setup(args: argparse.Namespace, argv: list[str]) -> Grid:
     return Grid(opts, argv)
 
 
+def _interrupt(signum: int, frame) -> None:
+    """SIGINT and SIGTERM (``timeout -s INT 545 ...``) raise KeyboardInterrupt naming the
+    signal: the running server stops, results.json is saved, the export written (main)."""
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -1215,7 +1227,26 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"adaptive_grid: {exc}", file=sys.stderr)
         return 2
-    grid.main()
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        grid.main()
+    except KeyboardInterrupt as exc:  # the server was stopped on the way out (Grid.server)
+        for sig in previous:  # the saving and the export are not cut off by a second signal
+            signal.signal(sig, signal.SIG_IGN)
+        name = exc.args[0] if exc.args and isinstance(exc.args[0], str) else "SIGINT"
+        grid.run["interrupted"] = name
+        grid.save()
+        if args.export:
+            export(grid.opts.out, grid.opts.grid_json, args.export)
+        print(f"adaptive_grid: interrupted by {name} after {grid.run['elapsed_s']:.0f}s; "
+              f"results saved in {grid.path}" + (f" and exported to {args.export}"
+                                                  if args.export else "")
+              + "; the same command resumes", file=sys.stderr)
+        return 130 if name == "SIGINT" else 143
+    finally:
+        for sig, handler in previous.items():
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(sig, handler)
     if args.export:
         export(grid.opts.out, grid.opts.grid_json, args.export)
     doc = json.loads(grid.opts.grid_json.read_text())

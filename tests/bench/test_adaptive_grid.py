@@ -8,11 +8,14 @@ tests/real_drafter/test_serve_pair.py. The stand-in ignores plants and SGLANG_SI
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -516,3 +519,189 @@ def test_plot_writes_a_png(runs, tmp_path):
     r = _run("--plot", str(runs["out"] / "adaptive-grid.json"), str(png))
     assert r.returncode == 0, r.stderr[-2000:]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+# ---- DDTree regimes one by one, against a clock (no processes) ---------------------------
+
+
+class _Clock:
+    def __init__(self, budget: float) -> None:
+        self.t, self.budget = 0.0, budget
+
+    def left(self) -> float:
+        return self.budget - self.t
+
+
+class _TimedGrid(grid.Grid):
+    """phase_ddtree's decisions without processes: a start, a level, a check and an identity
+    run only advance the clock (by start_s, level_s, 4 s and 4 s)."""
+
+    def __init__(self, budget: float, results: dict, start_s: float = 60.0,
+                 level_s: float = 20.0) -> None:
+        self.opts = grid.Opts(out=Path("/nonexistent"), env={}, clock=_Clock(budget),
+                              models=(Path("t"), Path("d")), backend="flashinfer", port=1,
+                              levels=[1, 2], regimes=["absent", "chain"], modes=[],
+                              requests_per_level=4, start_estimate_s=75.0,
+                              level_estimate_s=20.0, grid_json=Path("/nonexistent/g.json"),
+                              settings={"adaptive_budget": 64})
+        self.results, self.start_s, self.level_s = results, start_s, level_s
+        self.run = {"servers_started": 0, "benches": 0, "skipped": {}}
+        self.log: list[tuple] = []
+
+    @contextlib.contextmanager
+    def server(self, name, cfg):
+        self.opts.clock.t += self.start_s
+        self.log.append(("start", name))
+        yield "url", {"ready_seconds": self.start_s}
+        self.opts.clock.t += 3
+
+    def bench(self, url, name, prompts, mode, regime, c, first):
+        self.opts.clock.t += self.level_s
+        self.log.append(("bench", regime, c))
+        return {"mode": mode.label, "concurrency": c, "seconds": self.level_s, "tok_s": 1.0,
+                "accept_length": 1.0, "warmup": first, "run": 0}
+
+    def check(self, url, mode):
+        self.opts.clock.t += 4
+        return {"rc": 0}
+
+    def identity(self, url, prompts):
+        self.opts.clock.t += 4
+        return {"identical": True}
+
+    def prompt_file(self, name, rows):
+        return Path(f"prompts-{name}.jsonl")
+
+    def save(self) -> None:
+        pass
+
+
+def _fresh_results() -> dict:
+    return {"linear_accept_length": {"absent": 1.0, "chain": 1.0}, "oracle_accept_length": {},
+            "cells": {}, "none_levels": {}, "servers": {}, "commands": [], "checks": {},
+            "identity": {}, "policy_state": {}}
+
+
+def test_ddtree_starts_for_its_first_regime_and_leaves_the_rest():
+    """Start (75 s estimated) + the first regime (2 x 20 s + check 4 + identity 4) + stop 8
+    fit in 140 s: the server starts; after it (60 s) and absent (48 s), chain's ~56 s do not
+    fit the 32 s left: skipped with the reason, and the next call runs only chain."""
+    d8 = grid.parse_mode("ddtree-8", 64)
+    prompts = {"absent": [[1]], "chain": [[2]]}
+    g = _TimedGrid(140.0, _fresh_results())
+    g.phase_ddtree(d8, prompts, Path("plant.json"))
+    assert g.log == [("start", "ddtree-8"), ("bench", "absent", 1), ("bench", "absent", 2)]
+    assert list(g.run["skipped"]) == ["ddtree-8-chain"]
+    assert "left for the next call" in g.run["skipped"]["ddtree-8-chain"]
+    assert set(g.results["checks"]["ddtree-8"]) == {"absent"}
+    assert set(g.results["identity"]["ddtree-8"]) == {"absent"}
+    again = _TimedGrid(140.0, g.results)
+    again.phase_ddtree(d8, prompts, Path("plant.json"))
+    assert again.log == [("start", "ddtree-8"), ("bench", "chain", 1), ("bench", "chain", 2)]
+    assert not again.run["skipped"]
+    assert {k for k in again.results["cells"]} == {
+        grid.cell_key(r, "ddtree-8", c) for r in ("absent", "chain") for c in (1, 2)}
+
+
+def test_ddtree_does_not_start_when_its_first_regime_does_not_fit():
+    d8 = grid.parse_mode("ddtree-8", 64)
+    g = _TimedGrid(120.0, _fresh_results())  # needs 75 + 48 = 123
+    g.phase_ddtree(d8, {"absent": [[1]], "chain": [[2]]}, Path("plant.json"))
+    assert g.log == [] and "first pending regime, absent" in g.run["skipped"]["ddtree-8"]
+
+
+def test_a_level_that_does_not_fit_is_left_for_the_next_call():
+    """Inside a started regime each level needs its estimate + what follows it (check,
+    identity, stop): with the levels slower than estimated, c=2 is left."""
+    d8 = grid.parse_mode("ddtree-8", 64)
+    g = _TimedGrid(125.0, _fresh_results(), start_s=50.0, level_s=45.0)
+    g.phase_ddtree(d8, {"absent": [[1]], "chain": [[2]]}, Path("plant.json"))
+    assert g.log == [("start", "ddtree-8"), ("bench", "absent", 1)]
+    assert "c=2 left for the next call" in g.run["skipped"]["ddtree-8-absent c=2"]
+    assert "ddtree-8-chain" in g.run["skipped"]
+
+
+# ---- interrupts ------------------------------------------------------------------------
+
+
+def _popen(out: Path, *extra: str, **env: str) -> subprocess.Popen:
+    full = dict(os.environ, STANDIN_TOKEN_DELAY="0.0002", **env,
+                PYTHONPATH=os.pathsep.join([str(STANDIN), str(REPO / "src"),
+                                            str(REPO / "benchmarks")]))
+    full.pop("NOTIFY_SOCKET", None)
+    return subprocess.Popen([sys.executable, "-m", "adaptive_grid", "--out", str(out),
+                             "--site", f"{STANDIN}{os.pathsep}{REPO / 'src'}", "--port",
+                             str(_free_port()), *TINY, *extra], env=full, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(pred, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def _levels_written(out: Path) -> int:
+    try:
+        return len(json.loads((out / "results.json").read_text())["none_levels"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def _serving(cfg: Path) -> list[int]:
+    """Processes whose command line names this config (a serve process and its server)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if str(cfg).encode() in (d / "cmdline").read_bytes():
+                    pids.append(int(d.name))
+            except OSError:
+                pass
+    return pids
+
+
+def test_sigint_stops_the_server_saves_exports_and_resumes(tmp_path):
+    out, export = tmp_path / "o", tmp_path / "export"
+    p = _popen(out, "--export", str(export))
+    _wait_for(lambda: _levels_written(out) >= 1 or p.poll() is not None)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=90)
+    assert p.returncode == 130, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("adaptive_grid: interrupted by SIGINT")
+    assert (export / "results.json").exists() and (export / "adaptive-grid.json").exists()
+    res = json.loads((export / "results.json").read_text())
+    assert res["runs"][0]["interrupted"] == "SIGINT"
+    assert 1 <= len(res["none_levels"]) < len(LEVELS) or res["cells"] == {}
+    assert res["servers"]["none"][0]["interrupted"] is True
+    assert res["servers"]["none"][0]["serve_exit"] is not None
+    _wait_for(lambda: not _serving(out / "config-none.json"), timeout=10)
+    again = _grid_run(out)
+    assert again.returncode == 0, again.stderr[-3000:]
+    doc = json.loads((out / "adaptive-grid.json").read_text())
+    assert {(x["regime"], x["mode"], x["concurrency"]) for x in doc["cells"]} == {
+        (r, m, c) for r in REGIMES for m in MODES for c in LEVELS}
+
+
+def test_sigterm_while_a_server_starts_stops_it(tmp_path):
+    """Outside running_server's try (waiting for ready) the serve process is found by its
+    config path and stopped; the call exits 143 with one line."""
+    out = tmp_path / "o"
+    p = _popen(out, STANDIN_READY_DELAY="120")
+    cfg = out / "config-none.json"
+    try:
+        _wait_for(lambda: ((out / "serve-none.log").exists() and _serving(cfg))
+                  or p.poll() is not None)
+        time.sleep(1.0)  # waiting for /health (the stand-in answers 503 for 120 s)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=90)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 143, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("adaptive_grid: interrupted by SIGTERM")
+    rec = json.loads((out / "results.json").read_text())["servers"]["none"][0]
+    assert rec["ready_seconds"] is None and rec["interrupted"] is True
+    assert rec["serve_exit"] is not None
+    _wait_for(lambda: not _serving(cfg), timeout=10)
