@@ -20,10 +20,16 @@ prompts at each level, and after each regime ``check --url`` (and, for adaptive,
 summary from /server_info).
 
 Resumable and time-bounded: --out/results.json is rewritten after every bench; cells already
-there are skipped, and a server whose remaining cells cannot fit in --time-budget-s (start
-estimate + per-level estimates) is skipped with the reason recorded, never cut off, so
-back-to-back calls with the same --out finish the grid. The grid (--grid-json) is rewritten
-too. ``--plot GRID_JSON PNG`` draws it (matplotlib, on any machine afterwards).
+there are skipped. Estimates come from what was measured (Grid.level_estimate,
+Grid.start_estimate: per-round work scaled by accept length and measured cost ratios, the
+median warm start). A server whose estimate (start + its levels; a DDTree server: + its first
+pending regime) does not fit --time-budget-s is skipped with the reason recorded; a started
+DDTree server runs each regime, and every server each level, only if its estimate fits the
+time left, leaving the rest (recorded) for the next call, so back-to-back calls with the same
+--out finish the grid. SIGINT or SIGTERM (``timeout -s INT 545 python3 -m adaptive_grid
+...``) stops the running server, saves results.json, writes --export, and exits 130 (143)
+with one line. The grid (--grid-json) is rewritten too. ``--plot GRID_JSON PNG`` draws it
+(matplotlib, on any machine afterwards).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import platform
 import random
 import shlex
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -58,13 +65,20 @@ SCHEDULES = dict(e2e.PLANT_SCHEDULES)
 MIN_REQUESTS_PER_LEVEL = 4
 PROMPT_LEN = (64, 512)
 CONTEXT_LENGTH = 2048
-CHECK_ESTIMATE_S = 6.0
+# Time estimates, calibrated on the H200 run of 2026-12-03 (docs/gpu-runs/2026-12-03): a check
+# plus a server's stop took ~7 s, three regimes' checks and identity runs plus a stop ~20 s.
+CHECK_ESTIMATE_S = 4.0
 IDENTITY_SEQUENTIAL = 2  # prompts of a regime also run one at a time (batch size 1)
-IDENTITY_ESTIMATE_S = 8.0
-BENCH_OVERHEAD_S = 2.0  # a bench process's start and its warm-up request
-STOP_S = 15.0  # a server's stop, after its last level
-ADAPTIVE_EXTRA_S = 30.0  # an adaptive server captures graphs for several widths
+IDENTITY_ESTIMATE_S = 4.0
+BENCH_OVERHEAD_S = 1.5  # a bench process's start: a level takes this + rounds x round time
+STOP_S = 8.0  # a server's stop, after its last level
+ADAPTIVE_EXTRA_S = 30.0  # an adaptive server captures graphs for several widths (H200: +35 s)
+COLD_FACTOR = 1.5  # a run's first start this much slower than the warm ones was a cold machine
 TOKEN_CAP = 512  # verified tokens per round above which a round's cost grows (docs/ddtree.md)
+# A DDTree round against a DFLASH round at the same c, before any DDTree level is measured
+# (H200 2026-12-03: fixed budgets 8-64 took 1.2-1.6x DFLASH's round, adaptive 0.5-1.4x).
+DDTREE_ROUND = 1.4
+ADAPTIVE_ROUND = 1.2
 CONTINUATIONS_ESTIMATE_S = 30.0
 TARGET_VS_BEST = 0.95  # adaptive / max(none, dflash) at every (regime, c)
 TARGET_BRANCHY = 1.3  # adaptive / dflash on branchy at c <= 8
@@ -187,12 +201,115 @@ def parse_mode(label: str, adaptive_budget: int) -> Mode:
 
 
 def round_cost(mode: Mode, c: int) -> float:
-    """A round's cost relative to a plain decoding step at the same c, for time estimates only:
-    about flat up to TOKEN_CAP verified tokens (c x width) and growing with them beyond; a
-    speculative round (draft + verify + walk) costs about two decode steps."""
-    width = 1 if mode.algorithm == "none" else 16 if mode.algorithm == "dflash" \
-        else (mode.budget or 0) + 1
-    return (1.0 if mode.algorithm == "none" else 2.0) * (1 + c * width / TOKEN_CAP)
+    """A round's cost relative to a plain decoding step at the same c, for time estimates only
+    (the prior for a mode not measured yet; measured ratios replace it): about flat up to
+    TOKEN_CAP verified tokens (c x width) and growing with them beyond; a DFLASH round (draft +
+    verify) costs about two decode steps; a DDTree round DDTREE_ROUND (ADAPTIVE_ROUND for the
+    adaptive policy, which narrows or falls back where a wide tree does not pay) DFLASH
+    rounds, whatever the budget (on the H200, budget 64 cost about what 16 did)."""
+    if mode.algorithm == "none":
+        return 1 + c / TOKEN_CAP
+    dflash = 2.0 * (1 + c * BLOCK / TOKEN_CAP)
+    if mode.algorithm == "dflash":
+        return dflash
+    return dflash * (ADAPTIVE_ROUND if mode.adaptive else DDTREE_ROUND)
+
+
+@dataclass(frozen=True)
+class Level:
+    """A measured level, for time estimates: ``work`` = (seconds - BENCH_OVERHEAD_S) x accept
+    length, the level's rounds-times-round-time at accept length 1 (rounds ~ 1 / accept)."""
+
+    mode: Mode
+    regime: str | None
+    c: int
+    work: float
+    warmup: bool  # the server's first level: it also ran the warm-up request
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def work_at(levels: list[Level], label: str, c: int) -> float | None:
+    """One mode's work at c (median over its regimes) from its levels without the warm-up
+    (with it only when there are no others): those at c, else those at the nearest measured
+    c scaled by round_cost. None when the mode has no level."""
+    rows = [x for x in levels if x.mode.label == label]
+    pool = [x for x in rows if not x.warmup] or rows
+    if not pool:
+        return None
+    near = min({x.c for x in pool}, key=lambda k: (abs(k.bit_length() - c.bit_length()), k))
+    mode = pool[0].mode
+    return _median([x.work for x in pool if x.c == near]) \
+        * round_cost(mode, c) / round_cost(mode, near)
+
+
+def work_ratio(levels: list[Level], a: Mode, b: Mode, c: int) -> float:
+    """A round of ``a`` against one of ``b`` at c: measured (median over the levels where
+    both are measured) when both are, else round_cost's ratio."""
+    both = sorted({x.c for x in levels if x.mode.label == a.label and not x.warmup}
+                  & {x.c for x in levels if x.mode.label == b.label and not x.warmup})
+    ratios = [wa / wb for k in both
+              if (wa := work_at(levels, a.label, k)) and (wb := work_at(levels, b.label, k))]
+    return _median(ratios) if ratios else round_cost(a, c) / round_cost(b, c)
+
+
+def estimate_level(levels: list[Level], mode: Mode, accept: float, c: int, *,
+                   first: bool = False, requests_per_level: int = MIN_REQUESTS_PER_LEVEL,
+                   default: float = 20.0) -> float:
+    """Seconds for one level of ``mode`` at c with the given expected accept length, from the
+    measured levels: the same mode's at c (other regimes); else every other mode's measured
+    at c, scaled by the measured per-round cost ratio (where both are measured; else the
+    round_cost prior), the median of those; else the same mode's nearest level; ``default``
+    before any level is measured. ``first``: the server's first level (+ the warm-up, one
+    more request)."""
+    own = [x.work for x in levels if x.mode.label == mode.label and x.c == c and not x.warmup]
+    preds = []
+    for label in dict.fromkeys(x.mode.label for x in levels if x.mode.label != mode.label):
+        other = next(x.mode for x in levels if x.mode.label == label)
+        if (w := work_at(levels, label, c)) is not None:
+            preds.append(w * work_ratio(levels, mode, other, c))
+    if own:
+        work = _median(own)
+    elif any(x.mode.label == mode.label for x in levels) and not (
+            preds and any(x.c == c for x in levels if x.mode.label != mode.label)):
+        work = work_at(levels, mode.label, c)  # its nearest level: nothing else measured at c
+    elif preds:
+        work = _median(preds)
+    else:
+        return default
+    seconds = work / max(accept, 1.0)
+    if first:
+        seconds *= 1 + 1 / (requests_per_level * c)
+    return BENCH_OVERHEAD_S + seconds
+
+
+def estimate_start(starts: list[tuple[bool, float, bool]], adaptive: bool,
+                   prior: float) -> float:
+    """A server's start (to ready), from the measured starts ``(adaptive, ready_seconds,
+    first_of_its_run)``: the median of the warm ones of the same kind, else of the plain ones
+    (+ ADAPTIVE_EXTRA_S for an adaptive server). A run's first start may have been a cold
+    machine (H200: 225 s cold, 55-92 s warm); it counts as warm only within COLD_FACTOR of the
+    warm plain starts. With only such starts, the smaller of their median and ``prior``; with
+    none, ``prior``."""
+    extra = ADAPTIVE_EXTRA_S if adaptive else 0.0
+    warm_plain = [t for a, t, first in starts if not a and not first]
+    ref = _median(warm_plain) if warm_plain else None
+    ok = [(a, t) for a, t, first in starts
+          if not first or (ref is not None and t <= COLD_FACTOR * (ref + (
+              ADAPTIVE_EXTRA_S if a else 0.0)))]
+    same = [t for a, t in ok if a == adaptive]
+    if same:
+        return _median(same)
+    plain = [t for a, t in ok if not a]
+    if plain:
+        return _median(plain) + extra
+    if starts:
+        return min(_median([t for _, t, _ in starts]), prior) + extra
+    return prior + extra
 
 
 def parse_list(text: str, what: str) -> list[str]:
@@ -486,53 +603,143 @@ class Grid:
         return self.results["oracle_accept_length"].get(regime, {}).get(str(mode.budget),
                                                                           linear)
 
-    def level_estimate(self, mode: Mode, regime: str | None, c: int) -> float:
-        """Seconds for one level (x 1.2), from the measured levels at the same c: a level's
-        work scales with rounds (1 / accept length) and, across modes, with round_cost; the
-        same mode's measurements are preferred. --level-estimate-s before any."""
+    def measured_levels(self) -> list[Level]:
+        """Every measured level, for the estimates. A level is its server's first (it ran the
+        warm-up) when its row says so or, in an older results.json, when its bench command
+        had ``--warmup 1``."""
+        warm_json = {Path(cmd.split(" --json ")[1].split()[0]).name
+                     for cmd in self.results.get("commands", [])
+                     if " --warmup 1 " in cmd and " --json " in cmd}
         rows = [*({"regime": k.split("|")[0], **r} for k, r in self.results["cells"].items()),
                 *({"mode": "none", "regime": None, **r}
                   for r in self.results["none_levels"].values())]
-        rows = [r for r in rows if r.get("tok_s") is not None and r.get("seconds")
-                and r.get("concurrency") == c]
-        same = [r for r in rows if r["mode"] == mode.label]
-        accept = self.expected_accept(mode, regime)
-        preds = []
-        for r in same or rows:
-            m = self.mode(r["mode"])
-            a = r.get("accept_length") or self.expected_accept(m, r["regime"])
-            scale = a / accept * round_cost(mode, c) / round_cost(m, c)
-            preds.append(BENCH_OVERHEAD_S + max(r["seconds"] - BENCH_OVERHEAD_S, 0.0) * scale)
-        return 1.2 * max(preds) if preds else self.opts.level_estimate_s
+        out = []
+        for r in rows:
+            if r.get("tok_s") is None or not r.get("seconds") or not r.get("concurrency"):
+                continue
+            try:
+                mode = self.mode(r["mode"])
+            except UsageError:
+                continue
+            acc = r.get("accept_length") or self.expected_accept(mode, r["regime"])
+            warmup = r["warmup"] if "warmup" in r else r.get("bench_json") in warm_json
+            out.append(Level(mode, r["regime"], r["concurrency"],
+                             max(r["seconds"] - BENCH_OVERHEAD_S, 0.0) * acc, bool(warmup)))
+        return out
+
+    def level_estimate(self, mode: Mode, regime: str | None, c: int,
+                       first: bool = False) -> float:
+        """Seconds for one level (estimate_level over the measured levels);
+        --level-estimate-s before any."""
+        return estimate_level(self.measured_levels(), mode, self.expected_accept(mode, regime),
+                              c, first=first,
+                              requests_per_level=getattr(self.opts, "requests_per_level",
+                                                         MIN_REQUESTS_PER_LEVEL),
+                              default=self.opts.level_estimate_s)
+
+    def levels_estimate(self, mode: Mode, regime: str | None, levels: list[int],
+                        first: bool) -> float:
+        """Seconds for these levels on one server; ``first``: the server benches nothing
+        before them (the first of them runs the warm-up)."""
+        return sum(self.level_estimate(mode, regime, c, first and i == 0)
+                   for i, c in enumerate(levels))
+
+    def measured_starts(self) -> list[tuple[bool, float, bool]]:
+        """(adaptive, ready_seconds, first start of its run) of every measured server start.
+        The first of a run: ``start_index`` 0, or in an older results.json the smallest pid
+        among that run's servers."""
+        recs = [(name, rec) for name, recs in self.results["servers"].items() for rec in recs]
+        first_pid: dict = {}
+        for _, rec in recs:
+            if rec.get("pid") is not None:
+                run = rec.get("run")
+                first_pid[run] = min(first_pid.get(run, rec["pid"]), rec["pid"])
+        out = []
+        for name, rec in recs:
+            if not rec.get("ready_seconds"):
+                continue
+            if "start_index" in rec:
+                first = rec["start_index"] == 0
+            else:
+                first = rec.get("pid") == first_pid.get(rec.get("run"))
+            out.append((name == "ddtree-adaptive" or bool(rec.get("config", {}).get(
+                "ddtree", {}).get("policy") == "adaptive"), rec["ready_seconds"], first))
+        return out
 
     def start_estimate(self, mode: Mode) -> float:
-        """A server's start and stop: the slowest measured start (of this mode if any) plus
-        the stop, else --start-estimate-s; an adaptive server has more graphs to capture."""
-        ready = [(name, rec["ready_seconds"]) for name, recs in self.results["servers"].items()
-                 for rec in recs if rec.get("ready_seconds")]
-        same = [t for name, t in ready if name.split("-")[0] == mode.label.split("-")[0]
-                and (mode.algorithm != "ddtree" or name == mode.label)]
-        if same:
-            return max(same) + STOP_S
-        if ready:
-            return max(t for _, t in ready) + STOP_S + (ADAPTIVE_EXTRA_S if mode.adaptive else 0)
-        return self.opts.start_estimate_s
+        """A server's start and stop: estimate_start over the measured starts (prior:
+        --start-estimate-s, a warm start and its stop) + STOP_S."""
+        return estimate_start(self.measured_starts(), mode.adaptive,
+                              self.opts.start_estimate_s - STOP_S) + STOP_S
 
-    def fits(self, server: str, seconds: float) -> bool:
+    def regime_estimate(self, mode: Mode, regime: str, levels: list[int], first: bool) -> float:
+        """One regime's levels on a speculative server and what follows them: the check and,
+        on a DDTree server, the identity run."""
+        return CHECK_ESTIMATE_S + (IDENTITY_ESTIMATE_S if mode.algorithm == "ddtree" else 0.0) \
+            + self.levels_estimate(mode, regime, levels, first)
+
+    def server_estimate(self, mode: Mode, todo: dict[str, list[int]],
+                        continuations: bool = False) -> float:
+        """A server's start, its pending levels (``todo``: regime -> levels; for ``none`` the
+        key is ignored), its checks and identity runs, and its stop."""
+        if mode.algorithm == "none":
+            levels = next(iter(todo.values()), [])
+            return self.start_estimate(mode) + CHECK_ESTIMATE_S \
+                + IDENTITY_ESTIMATE_S * len(self.opts.regimes) \
+                + (CONTINUATIONS_ESTIMATE_S if continuations else 0.0) \
+                + self.levels_estimate(mode, None, levels, True)
+        return self.start_estimate(mode) + sum(
+            self.regime_estimate(mode, r, cs, i == 0) for i, (r, cs) in enumerate(todo.items()))
+
+    def fits(self, server: str, seconds: float, what: str = "start + its levels") -> bool:
         left = self.opts.clock.left()
         if left < seconds:
-            self.skip(server, f"time budget: needs ~{seconds:.0f}s (start + its levels), "
-                              f"{left:.0f}s left")
+            self.skip(server, f"time budget: needs ~{seconds:.0f}s ({what}), {left:.0f}s left")
             return False
         return True
 
     # -- servers --
 
+    @contextlib.contextmanager
     def server(self, name: str, cfg: dict):
-        self.command(e2e.cli(["serve", "--config", str(self.opts.out / f"config-{name}.json"),
-                              "--poll-interval", "0.5"]))
+        """gpu_e2e.running_server, recorded in results.json however it ends. An interrupt
+        (KeyboardInterrupt: SIGINT, or SIGTERM through main's handler) stops the server: in
+        the body, running_server's finally does; while it waits for ready, outside its
+        try, so the serve process is found by its config path and stopped here."""
+        cfg_path = self.opts.out / f"config-{name}.json"
+        self.command(e2e.cli(["serve", "--config", str(cfg_path), "--poll-interval", "0.5"]))
+        index = self.run["servers_started"]
         self.run["servers_started"] += 1
-        return e2e.running_server(self.opts, cfg, name)
+        cm = e2e.running_server(self.opts, cfg, name)
+        try:
+            url, rec = cm.__enter__()
+        except BaseException:
+            code = stop_children(cfg_path)
+            self.record_server(name, {"config": cfg, "ready_seconds": None,
+                                      "start_index": index, "interrupted": True,
+                                      "serve_exit": code})
+            raise
+        rec["start_index"] = index
+        t_stop = None
+        try:
+            try:
+                yield url, rec
+            except BaseException as exc:
+                if not isinstance(exc, Exception):
+                    rec["interrupted"] = True
+                t_stop = time.monotonic()
+                if not cm.__exit__(type(exc), exc, exc.__traceback__):
+                    raise
+            else:
+                t_stop = time.monotonic()
+                cm.__exit__(None, None, None)
+        except BaseException:
+            stop_children(cfg_path)  # interrupted while stopping: make sure it is gone
+            raise
+        finally:
+            if t_stop is not None:
+                rec["stop_seconds"] = round(time.monotonic() - t_stop, 1)
+            self.record_server(name, rec)
 
     def record_server(self, name: str, rec: dict) -> None:
         keep = {k: v for k, v in rec.items() if k != "log_tail"}
@@ -554,11 +761,9 @@ class Grid:
         return {"rc": res["rc"], "policy_line": line, "stdout": res["stdout"][-2000:]}
 
     def bench(self, url: str, name: str, prompts: Path, mode: Mode, regime: str | None,
-              c: int, first: bool) -> dict | None:
+              c: int, first: bool) -> dict:
         """One `sglang-dflash bench` level: requests_per_level x c requests of 256 tokens."""
         left = self.opts.clock.left()
-        if left < self.level_estimate(mode, regime, c) + 10:
-            return None
         out = self.opts.out / f"bench-{name}-c{c}.json"
         cmd = e2e.cli(["bench", "--url", url, "--concurrency", str(c), "--num-prompts",
                        str(self.opts.requests_per_level * c), "--max-new-tokens",
@@ -570,7 +775,8 @@ class Grid:
         self.run["benches"] += 1
         row: dict = {"mode": mode.label, "concurrency": c, "rc": res["rc"],
                      "seconds": res["seconds"], "tok_s": None, "accept_length": None,
-                     "run": len(self.results["runs"]) - 1, "bench_json": out.name}
+                     "run": len(self.results["runs"]) - 1, "bench_json": out.name,
+                     "warmup": first}
         if out.exists():
             doc = json.loads(out.read_text())
             if not self.opts.keep_records:  # ~7 kB per request: 60 MB over the grid
@@ -589,17 +795,26 @@ class Grid:
         return row
 
     def bench_levels(self, url: str, name: str, prompts: Path, mode: Mode,
-                     regime: str | None, first: bool) -> bool:
-        """Every missing level of (regime, mode), files named after ``name``; False when the
-        time budget stopped it."""
+                     regime: str | None, first: bool, reserve: float) -> int:
+        """The missing levels of (regime, mode) in order, files named after ``name``, while
+        each one's estimate + ``reserve`` (what the server still does after them: checks,
+        stop) fits the time left; the first that does not is skipped with the rest of the
+        regime's levels, left for the next call. The number of levels benched."""
+        n = 0
         for c in self.opts.levels:
             if self.done(regime or "", mode.label, c):
                 continue
+            est, left = self.level_estimate(mode, regime, c, first), self.opts.clock.left()
+            if left < est + reserve:
+                rest = [k for k in self.opts.levels
+                        if k >= c and not self.done(regime or "", mode.label, k)]
+                self.skip(f"{name} c={c}", f"time budget: c={','.join(map(str, rest))} left "
+                          f"for the next call (c={c} needs ~{est:.0f}s + {reserve:.0f}s after "
+                          f"it, {left:.0f}s left)")
+                break
             row = self.bench(url, name, prompts, mode, regime, c, first)
-            if row is None:
-                self.skip(f"{name} c={c}", "time budget: the level would not finish")
-                return False
             first = False
+            n += 1
             if mode.algorithm == "none":
                 self.results["none_levels"][str(c)] = row | {"shared_across_regimes": True}
             else:
@@ -609,7 +824,7 @@ class Grid:
             print(f"[adaptive_grid] {name} c={c}: "
                   f"{'-' if tok_s is None else f'{tok_s:.1f}'} tok/s, accept "
                   f"{'-' if acc is None else f'{acc:.2f}'} ({row['seconds']}s)", flush=True)
-        return True
+        return n
 
     # -- phases --
 
@@ -658,11 +873,7 @@ class Grid:
         if conts is not None and not missing:
             return conts
         name = "none"
-        est = self.start_estimate(NONE) + CHECK_ESTIMATE_S \
-            + IDENTITY_ESTIMATE_S * len(prompts) \
-            + (CONTINUATIONS_ESTIMATE_S if conts is None else 0) \
-            + sum(self.level_estimate(NONE, None, c) for c in missing)
-        if not self.fits(name, est):
+        if not self.fits(name, self.server_estimate(NONE, {"*": missing}, conts is None)):
             return conts
         pfile = self.prompt_file("all", every)
         with self.server(name, server_config(self.opts, name, NONE)) as (url, rec):
@@ -671,14 +882,14 @@ class Grid:
                     conts = self.take_continuations(url, every)
                     rec["continuations"] = len(conts)
                 if missing:
-                    self.bench_levels(url, name, pfile, NONE, None, first=True)
+                    self.bench_levels(url, name, pfile, NONE, None, True, CHECK_ESTIMATE_S
+                                      + IDENTITY_ESTIMATE_S * len(prompts) + STOP_S)
                 self.results["checks"].setdefault("none", {})["*"] = self.check(url, NONE)
                 # The control: no speculation against its own continuations at other batch
                 # sizes. A divergence here is bf16 batch-shape numerics, not speculation.
                 for regime, rows in prompts.items():
                     self.results["identity"].setdefault("none", {})[regime] = \
                         self.identity(url, rows)
-        self.record_server(name, rec)
         return conts
 
     def phase_dflash(self, prompts: dict[str, list[list[int]]]) -> None:
@@ -687,9 +898,7 @@ class Grid:
             if not missing:
                 continue
             name = f"dflash-{regime}"
-            est = self.start_estimate(DFLASH) + CHECK_ESTIMATE_S \
-                + sum(self.level_estimate(DFLASH, regime, c) for c in missing)
-            if not self.fits(name, est):
+            if not self.fits(name, self.server_estimate(DFLASH, {regime: missing})):
                 continue
             acc = self.results["linear_accept_length"][regime]
             env = {"SGLANG_SIMULATE_ACC_LEN": str(acc)}
@@ -698,13 +907,17 @@ class Grid:
             with self.server(name, cfg) as (url, rec):
                 rec["simulate_acc_len"] = acc
                 if rec["ready_seconds"]:
-                    self.bench_levels(url, name, pfile, DFLASH, regime, first=True)
+                    self.bench_levels(url, name, pfile, DFLASH, regime, True,
+                                      CHECK_ESTIMATE_S + STOP_S)
                     self.results["checks"].setdefault("dflash", {})[regime] = self.check(
                         url, DFLASH)
-            self.record_server(name, rec)
 
     def phase_ddtree(self, mode: Mode, prompts: dict[str, list[list[int]]],
                      plant: Path | None) -> None:
+        """One DDTree server over its pending regimes. It starts when its first pending
+        regime fits (start + that regime + stop); then each regime runs if its estimate
+        (levels, check, identity, stop) fits the time left, else it is skipped, recorded,
+        and left for the next call, which resumes it (levels likewise: bench_levels)."""
         todo = {r: [c for c in self.opts.levels if not self.done(r, mode.label, c)]
                 for r in self.opts.regimes}
         todo = {r: cs for r, cs in todo.items() if cs}
@@ -714,34 +927,39 @@ class Grid:
         if plant is None:
             self.skip(name, "no continuations (phase none did not run): nothing to plant")
             return
-        est = self.start_estimate(mode) + sum(
-            CHECK_ESTIMATE_S + IDENTITY_ESTIMATE_S
-            + sum(self.level_estimate(mode, r, c) for c in cs)
-            for r, cs in todo.items())
-        if not self.fits(name, est):
+        head = next(iter(todo))
+        if not self.fits(name, self.server_estimate(mode, {head: todo[head]}),
+                         f"start + its first pending regime, {head}"):
             return
         # Not SGLANG_DFLASH_DDTREE_PROFILE: the per-round profiler adds host work.
         cfg = server_config(self.opts, name, mode, {"SGLANG_DFLASH_DDTREE_PLANT": str(plant)})
-        first = True
+        first = True  # nothing benched on this server yet: the next level runs the warm-up
         with self.server(name, cfg) as (url, rec):
             rec["plant_file"] = str(plant)
-            if rec["ready_seconds"]:
-                for regime in todo:
-                    pfile = self.prompt_file(regime, prompts[regime])
-                    finished = self.bench_levels(url, f"{name}-{regime}", pfile, mode, regime,
-                                                 first)
-                    first = False
-                    self.results["checks"].setdefault(mode.label, {})[regime] = \
-                        self.check(url, mode)
-                    self.results["identity"].setdefault(mode.label, {})[regime] = \
-                        self.identity(url, prompts[regime])
-                    if mode.adaptive:
-                        self.results["policy_state"].setdefault(mode.label, {})[regime] = \
-                            policy_state(url)
-                    self.save()
-                    if not finished:
-                        break
-        self.record_server(name, rec)
+            if not rec["ready_seconds"]:
+                return
+            after = CHECK_ESTIMATE_S + IDENTITY_ESTIMATE_S + STOP_S  # a regime's last level
+            for regime, levels in todo.items():
+                need = self.regime_estimate(mode, regime, levels, first) + STOP_S
+                left = self.opts.clock.left()
+                if left < need:
+                    self.skip(f"{name}-{regime}", f"time budget: needs ~{need:.0f}s (its "
+                              f"levels, check, identity and the stop), {left:.0f}s left: left "
+                              "for the next call")
+                    continue
+                pfile = self.prompt_file(regime, prompts[regime])
+                if not self.bench_levels(url, f"{name}-{regime}", pfile, mode, regime, first,
+                                         after):
+                    continue
+                first = False
+                self.results["checks"].setdefault(mode.label, {})[regime] = \
+                    self.check(url, mode)
+                self.results["identity"].setdefault(mode.label, {})[regime] = \
+                    self.identity(url, prompts[regime])
+                if mode.adaptive:
+                    self.results["policy_state"].setdefault(mode.label, {})[regime] = \
+                        policy_state(url)
+                self.save()
 
     def identity(self, url: str, prompts: list[list[int]]) -> dict:
         """Losslessness on the planted regime, after the bench (the adaptive policy has learnt
@@ -832,6 +1050,44 @@ class Grid:
         self.save()
 
 
+def stop_children(cfg_path: Path, timeout: float = 40.0) -> int | None:
+    """Stop this process's children whose command line names ``cfg_path`` (a serve process
+    started with start_new_session, so its group is its own): SIGTERM to the group, SIGKILL
+    after ``timeout`` s. The exit status of the last one; None when there was none."""
+    me, want, pids = os.getpid(), str(cfg_path).encode(), []
+    for d in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == me and want in argv:
+            pids.append(int(d.name))
+    code = None
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                done, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere
+                break
+            if done:
+                code = os.waitstatus_to_exitcode(status)
+                break
+            if time.monotonic() > deadline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+                _, status = os.waitpid(pid, 0)
+                code = os.waitstatus_to_exitcode(status)
+                break
+            time.sleep(0.2)
+    return code
+
+
 EXPORT_FILES = ("results.json", "continuations.json")
 EXPORT_TAR = "adaptive-grid-files.tgz"
 
@@ -905,8 +1161,9 @@ def build_parser() -> Parser:
     ap.add_argument("--seed", type=int, default=0, help="seed of the prompts")
     ap.add_argument("--port", type=int, default=e2e.PORT)
     ap.add_argument("--time-budget-s", type=float, default=0, help="0 = unbounded")
-    ap.add_argument("--start-estimate-s", type=float, default=120.0,
-                    help="a server's start + stop, for the time budget")
+    ap.add_argument("--start-estimate-s", type=float, default=75.0,
+                    help="a warm server's start + stop, for the time budget before one is "
+                    "measured (H200 2026-12-03: 55-60 s + the stop)")
     ap.add_argument("--level-estimate-s", type=float, default=20.0,
                     help="one level before any level has been measured")
     ap.add_argument("--export", type=Path, metavar="DIR",
@@ -963,6 +1220,12 @@ def setup(args: argparse.Namespace, argv: list[str]) -> Grid:
     return Grid(opts, argv)
 
 
+def _interrupt(signum: int, frame) -> None:
+    """SIGINT and SIGTERM (``timeout -s INT 545 ...``) raise KeyboardInterrupt naming the
+    signal: the running server stops, results.json is saved, the export written (main)."""
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -975,7 +1238,36 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"adaptive_grid: {exc}", file=sys.stderr)
         return 2
-    grid.main()
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        grid.main()
+    except KeyboardInterrupt as exc:  # the server was stopped on the way out (Grid.server)
+        for sig in previous:  # the saving and the export are not cut off by a second signal
+            signal.signal(sig, signal.SIG_IGN)
+        name = exc.args[0] if exc.args and isinstance(exc.args[0], str) else "SIGINT"
+        grid.run["interrupted"] = name
+        grid.save()
+        if args.export:
+            export(grid.opts.out, grid.opts.grid_json, args.export)
+        print(f"adaptive_grid: interrupted by {name} after {grid.run['elapsed_s']:.0f}s; "
+              f"results saved in {grid.path}" + (f" and exported to {args.export}"
+                                                  if args.export else "")
+              + "; the same command resumes", file=sys.stderr)
+        code = 130 if name == "SIGINT" else 143
+        oracle = grid.oracle_thread
+        if oracle is not None and oracle.is_alive():
+            # The CPU oracle's thread is inside torch: interpreter shutdown around it aborts
+            # (std::terminate, exit -6). Everything is written; leave without finalising.
+            oracle.join(timeout=5)
+            if oracle.is_alive():
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        return code
+    finally:
+        for sig, handler in previous.items():
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(sig, handler)
     if args.export:
         export(grid.opts.out, grid.opts.grid_json, args.export)
     doc = json.loads(grid.opts.grid_json.read_text())

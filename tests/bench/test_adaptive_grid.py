@@ -8,11 +8,14 @@ tests/real_drafter/test_serve_pair.py. The stand-in ignores plants and SGLANG_SI
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -109,34 +112,205 @@ def test_modes_and_targets():
     assert not any(x["same_run"] for x in grid.targets(later))
 
 
-def test_time_estimates_scale_with_rounds_and_round_cost():
-    """A level's estimate: the same mode's measurement scaled by accept length, another
-    mode's scaled by round_cost too; the start from the slowest measured start."""
+def _estimator(results: dict) -> grid.Grid:
+    """A Grid with only what the estimates read."""
     g = grid.Grid.__new__(grid.Grid)
     g.opts = type("O", (), {"settings": {"adaptive_budget": 64}, "level_estimate_s": 20.0,
-                            "start_estimate_s": 120.0})()
-    g.results = {"linear_accept_length": {"absent": 1.0, "chain": 16.0},
-                 "oracle_accept_length": {"chain": {"64": 16.0}}, "cells": {},
-                 "none_levels": {}, "servers": {}}
-    d64 = grid.parse_mode("ddtree-64", 64)
+                            "start_estimate_s": grid.build_parser().get_default(
+                                "start_estimate_s"),
+                            "requests_per_level": 4, "regimes": list(grid.REGIMES),
+                            "levels": list(grid.LEVELS)})()
+    g.results = {"linear_accept_length": {}, "oracle_accept_length": {}, "cells": {},
+                 "none_levels": {}, "servers": {}, "commands": []} | results
+    return g
+
+
+def test_time_estimates_scale_with_rounds_and_measured_round_cost():
+    """A level's estimate: the same mode's measurement scaled by accept length; another
+    mode's scaled by the measured round-cost ratio where both are measured, else round_cost;
+    the median, not the largest."""
+    g = _estimator({"linear_accept_length": {"absent": 1.0, "chain": 16.0},
+                    "oracle_accept_length": {"chain": {"64": 16.0}}})
+    d64, oh = grid.parse_mode("ddtree-64", 64), grid.BENCH_OVERHEAD_S
     assert g.level_estimate(d64, "absent", 8) == 20.0  # nothing measured yet
-    assert g.start_estimate(d64) == 120.0
+    assert g.start_estimate(d64) == g.opts.start_estimate_s
     g.results["none_levels"]["8"] = {"mode": "none", "concurrency": 8, "tok_s": 1.0,
-                                     "seconds": 6.0, "accept_length": None}
-    want = 1.2 * (2 + 4 * grid.round_cost(d64, 8) / grid.round_cost(grid.NONE, 8))
-    assert g.level_estimate(d64, "absent", 8) == pytest.approx(want)
+                                     "seconds": oh + 4, "accept_length": None}
+    prior = grid.round_cost(d64, 8) / grid.round_cost(grid.NONE, 8)
+    assert g.level_estimate(d64, "absent", 8) == pytest.approx(oh + 4 * prior)
+    # a measured ratio replaces the prior: DFLASH measured at 16 (3x none's work there)
+    g.results["none_levels"]["16"] = {"mode": "none", "concurrency": 16, "tok_s": 1.0,
+                                      "seconds": oh + 5, "accept_length": None}
+    g.results["cells"]["absent|dflash|16"] = {"mode": "dflash", "concurrency": 16,
+                                              "tok_s": 1.0, "seconds": oh + 15,
+                                              "accept_length": 1.0}
+    assert g.level_estimate(grid.DFLASH, "chain", 8) == pytest.approx(oh + 4 * 3 / 16)
+    # the same mode in another regime: its work over the accept length
     g.results["cells"]["absent|ddtree-64|8"] = {"mode": "ddtree-64", "concurrency": 8,
-                                                "tok_s": 1.0, "seconds": 34.0,
+                                                "tok_s": 1.0, "seconds": oh + 32,
                                                 "accept_length": 1.0}
-    assert g.level_estimate(d64, "chain", 8) == pytest.approx(1.2 * (2 + 32 / 16))
-    g.results["servers"] = {"none": [{"ready_seconds": 80.0}],
-                            "ddtree-8": [{"ready_seconds": 95.0}]}
-    assert g.start_estimate(d64) == 95.0 + grid.STOP_S
-    assert g.start_estimate(grid.parse_mode("ddtree-adaptive", 64)) == \
-        95.0 + grid.STOP_S + grid.ADAPTIVE_EXTRA_S
-    assert g.start_estimate(grid.NONE) == 80.0 + grid.STOP_S
+    assert g.level_estimate(d64, "chain", 8) == pytest.approx(oh + 32 / 16)
+    # a server's first level also runs the warm-up request
+    assert g.level_estimate(d64, "chain", 8, first=True) == pytest.approx(
+        oh + 2 * (1 + 1 / 32))
     assert grid.round_cost(grid.NONE, 1) < grid.round_cost(grid.DFLASH, 1) < \
         grid.round_cost(d64, 64)
+
+
+def test_warmup_levels_count_only_without_others():
+    """A server's first level ran the warm-up (on a cold machine, seconds of compiles): the
+    nearest other level, scaled by round_cost, stands for it."""
+    lv = [grid.Level(grid.NONE, None, 1, 13.0, True), grid.Level(grid.NONE, None, 2, 4.0, False)]
+    assert grid.work_at(lv, "none", 1) == pytest.approx(
+        4.0 * grid.round_cost(grid.NONE, 1) / grid.round_cost(grid.NONE, 2))
+    assert grid.work_at(lv[:1], "none", 1) == 13.0
+    assert grid.work_at(lv[:1], "none", 2) == pytest.approx(
+        13.0 * grid.round_cost(grid.NONE, 2) / grid.round_cost(grid.NONE, 1))
+    assert grid.work_at(lv, "dflash", 1) is None
+
+
+def test_start_estimate_ignores_a_cold_start():
+    """The median warm start; a run's first start counts only when near the warm ones (the
+    H200's first, cold start took 225 s, the others 55-92 s); the adaptive extra only while
+    no adaptive start is measured."""
+    est, extra = grid.estimate_start, grid.ADAPTIVE_EXTRA_S
+    assert est([], False, 70.0) == 70.0 and est([], True, 70.0) == 70.0 + extra
+    cold = [(False, 225.5, True)]
+    assert est(cold, False, 70.0) == 70.0  # only a start that may have been cold
+    warm = [*cold, (False, 60.1, True), (False, 54.6, False), (False, 58.6, False)]
+    assert est(warm, False, 70.0) == 58.6  # the cold one left out, the first-of-run 60.1 in
+    assert est(warm, True, 70.0) == 58.6 + extra
+    assert est([*warm, (True, 91.6, True)], True, 70.0) == 91.6
+    # the same through results.json: the first of a run by start_index or, older, by pid
+    g = _estimator({"servers": {
+        "none": [{"ready_seconds": 225.5, "run": 0, "pid": 656}],
+        "dflash-absent": [{"ready_seconds": 60.1, "run": 1, "pid": 1947}],
+        "dflash-chain": [{"ready_seconds": 58.6, "run": 1, "pid": 2806}],
+        "ddtree-8": [{"ready_seconds": 200.0, "run": 2, "start_index": 0},
+                     {"ready_seconds": 54.0, "run": 3, "start_index": 1}]}})
+    assert sorted(g.measured_starts()) == [(False, 54.0, False), (False, 58.6, False),
+                                           (False, 60.1, True), (False, 200.0, True),
+                                           (False, 225.5, True)]
+    assert g.start_estimate(grid.NONE) == pytest.approx(_median([54.0, 58.6, 60.1])
+                                                        + grid.STOP_S)
+
+
+def _median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+
+# What the H200 grid of 2026-12-03 measured (docs/gpu-runs/2026-12-03/grid-results.json,
+# not in git): per (mode, regime) the call (run) and each level's (seconds, accept length)
+# at c = 1 ... 64; none's seconds; each server's (run, pid, ready_seconds). Calls: 0 ran
+# none (a cold machine: 225 s to ready); 1 the three DFLASH servers; 2 ddtree-adaptive and
+# ddtree-8 (--time-budget-s 0); 4 ddtree-16 (its 12.5 s "start" answered from call 2's
+# ddtree-16, left starting by the interrupt; the serve of call 4 exited 3, port taken).
+H200_NONE = (0, [15.16, 5.29, 5.23, 5.84, 5.57, 6.06, 7.12])
+H200_CELLS = {
+    ("dflash", "absent"): (1, [(9.49, 1.0039), (8.45, 1.0039), (7.99, 1.0039), (9.09, 1.0039),
+                               (10.93, 1.0039), (14.02, 1.0039), (25.29, 1.0039)]),
+    ("dflash", "branchy"): (1, [(4.82, 2.0), (4.32, 2.0), (4.85, 2.0), (4.78, 2.0),
+                                (5.62, 2.0), (7.54, 2.0), (13.75, 2.0)]),
+    ("dflash", "chain"): (1, [(1.78, 16.0), (1.81, 16.0), (2.29, 16.0), (1.9, 16.0),
+                              (2.08, 16.0), (2.42, 16.0), (3.74, 16.0)]),
+    ("ddtree-adaptive", "absent"): (2, [(8.64, 1.0039), (7.54, 1.0039), (8.26, 1.0039),
+                                        (8.93, 1.0039), (10.47, 1.0039), (9.79, 1.0039),
+                                        (13.41, 1.0039)]),
+    ("ddtree-adaptive", "branchy"): (2, [(5.61, 1.9357), (5.52, 1.872), (5.4, 2.5473),
+                                         (6.34, 1.6151), (7.3, 1.3474), (8.27, 1.0119),
+                                         (13.31, 1.0446)]),
+    ("ddtree-adaptive", "chain"): (2, [(1.97, 16.0), (2.23, 16.0), (1.99, 16.0),
+                                       (2.43, 16.0), (2.59, 15.7538), (3.42, 13.8378),
+                                       (4.13, 15.8147)]),
+    ("ddtree-8", "absent"): (2, [(11.93, 1.0039), (9.63, 1.0039), (10.06, 1.0039),
+                                 (10.83, 1.0039), (14.2, 1.0039), (16.91, 1.0039),
+                                 (32.42, 1.0039)]),
+    ("ddtree-8", "branchy"): (2, [(5.03, 2.0157), (5.43, 2.0157), (5.86, 2.0157),
+                                  (6.24, 2.0157), (7.21, 2.0157), (9.13, 2.0157),
+                                  (15.72, 2.0157)]),
+    ("ddtree-8", "chain"): (2, [(2.25, 8.8276), (2.46, 8.8276), (2.74, 8.8276),
+                                (2.76, 8.8276), (3.54, 8.8276), (3.89, 8.8276),
+                                (5.63, 8.8276)]),
+    ("ddtree-16", "absent"): (4, [(13.28, 1.0039), (12.24, 1.0039), (11.19, 1.0039),
+                                  (13.29, 1.0039), (15.46, 1.0039), (21.34, 1.0039),
+                                  (40.95, 1.0039)]),
+    ("ddtree-16", "branchy"): (4, [(5.54, 2.0157), (6.06, 2.0157), (6.74, 2.0157),
+                                   (6.53, 2.0157), (8.01, 2.0157), (11.29, 2.0157),
+                                   (21.57, 2.0157)]),
+    ("ddtree-16", "chain"): (4, [(2.02, 16.0), (2.01, 16.0), (2.06, 16.0), (2.08, 16.0),
+                                 (2.4, 16.0), (3.0, 16.0), (4.69, 16.0)]),
+}
+H200_SERVERS = {"none": (0, 656, 225.5), "dflash-absent": (1, 1947, 60.1),
+                "dflash-branchy": (1, 2416, 54.6), "dflash-chain": (1, 2806, 58.6),
+                "ddtree-adaptive": (2, 3234, 91.6), "ddtree-8": (2, 4101, 55.1),
+                "ddtree-16": (4, 5123, 12.5)}
+H200_ACCEPT = {"linear_accept_length": {"absent": 1.0, "branchy": 2.0, "chain": 16.0},
+               "oracle_accept_length": {
+                   "absent": {"8": 1.0039, "16": 1.0039, "64": 1.0039},
+                   "branchy": {"8": 2.0157, "16": 2.0157, "64": 3.0118},
+                   "chain": {"8": 8.8276, "16": 16.0, "64": 16.0}}}
+
+
+def _h200_state(calls: int) -> dict:
+    """results.json as the H200 grid left it after ``calls`` calls, in the old schema (no
+    warmup or start_index fields: the warm-up levels are known from the bench commands)."""
+    levels = list(grid.LEVELS)
+    res: dict = {**H200_ACCEPT, "cells": {}, "none_levels": {}, "servers": {}, "commands": []}
+    run, seconds = H200_NONE
+    if run < calls:
+        for i, (c, sec) in enumerate(zip(levels, seconds, strict=True)):
+            res["none_levels"][str(c)] = {"mode": "none", "concurrency": c, "tok_s": 1.0,
+                                          "seconds": sec, "accept_length": None, "run": run,
+                                          "bench_json": f"bench-none-c{c}.json"}
+            res["commands"].append(f"py -m sglang_dflash bench --warmup {int(i == 0)} "
+                                   f"--json /root/grid/bench-none-c{c}.json --quiet")
+    for (mode, regime), (run, rows) in H200_CELLS.items():
+        if run >= calls:
+            continue
+        first = mode == "dflash" or regime == "absent"  # the server's first regime
+        for i, (c, (sec, acc)) in enumerate(zip(levels, rows, strict=True)):
+            name = f"bench-{mode}-{regime}-c{c}.json"
+            res["cells"][grid.cell_key(regime, mode, c)] = {
+                "mode": mode, "regime": regime, "concurrency": c, "tok_s": 1.0,
+                "seconds": sec, "accept_length": acc, "run": run, "bench_json": name}
+            res["commands"].append(f"py -m sglang_dflash bench --warmup "
+                                   f"{int(first and i == 0)} --json /root/grid/{name} --quiet")
+    for name, (run, pid, ready) in H200_SERVERS.items():
+        if run < calls:
+            res["servers"][name] = [{"ready_seconds": ready, "run": run, "pid": pid}]
+    return res
+
+
+def _h200_took(name: str) -> float:
+    """What a server took on the H200: its start (ready_seconds) + its levels' seconds."""
+    ready = H200_SERVERS[name][2]
+    mode, _, regime = name.partition("-") if name.startswith("dflash") else (name, "", "")
+    rows = [sec for (m, r), (_, cells) in H200_CELLS.items()
+            if m == mode and (not regime or r == regime) for sec, _ in cells]
+    return ready + sum(rows)
+
+
+@pytest.mark.parametrize("calls", [1, 2])
+def test_estimates_replay_the_h200_grid(calls):
+    """Fed the state the H200 grid had after call 1 (only none measured) and after call 2
+    (none and DFLASH), the estimator's server estimates are within 0.6x..1.6x of what each
+    later server took (the old estimator's were 2.1-3.6x: 388 s for a 145 s dflash-absent,
+    706 s for a 229 s ddtree-adaptive, more than a call)."""
+    g = _estimator(_h200_state(calls))
+    later = [n for n, (run, _, _) in H200_SERVERS.items() if run >= calls]
+    assert later
+    ratios = {}
+    for name in later:
+        if name.startswith("dflash-"):
+            mode, todo = grid.DFLASH, {name.removeprefix("dflash-"): list(grid.LEVELS)}
+        else:
+            mode, todo = grid.parse_mode(name, 64), {r: list(grid.LEVELS) for r in grid.REGIMES}
+        ratios[name] = round(g.server_estimate(mode, todo) / _h200_took(name), 2)
+    assert all(0.6 <= r <= 1.6 for r in ratios.values()), ratios
+    # and so the call-1 state lets dflash-absent start with the 245 s that call had left
+    if calls == 1:
+        assert g.server_estimate(grid.DFLASH, {"absent": list(grid.LEVELS)}) < 245
 
 
 # ---- the command against the stand-in -----------------------------------------------------
@@ -364,3 +538,187 @@ def test_plot_keeps_a_mode_s_colour_in_every_panel(tmp_path):
     assert colors[("absent", "ddtree-adaptive")] == colors[("chain", "ddtree-adaptive")]
     assert colors[("absent", "none")] == colors[("chain", "none")]
     assert drawn["legend"] == ["none", "ddtree-64", "ddtree-adaptive"]
+# ---- DDTree regimes one by one, against a clock (no processes) ---------------------------
+
+
+class _Clock:
+    def __init__(self, budget: float) -> None:
+        self.t, self.budget = 0.0, budget
+
+    def left(self) -> float:
+        return self.budget - self.t
+
+
+class _TimedGrid(grid.Grid):
+    """phase_ddtree's decisions without processes: a start, a level, a check and an identity
+    run only advance the clock (by start_s, level_s, 4 s and 4 s)."""
+
+    def __init__(self, budget: float, results: dict, start_s: float = 60.0,
+                 level_s: float = 20.0) -> None:
+        self.opts = grid.Opts(out=Path("/nonexistent"), env={}, clock=_Clock(budget),
+                              models=(Path("t"), Path("d")), backend="flashinfer", port=1,
+                              levels=[1, 2], regimes=["absent", "chain"], modes=[],
+                              requests_per_level=4, start_estimate_s=75.0,
+                              level_estimate_s=20.0, grid_json=Path("/nonexistent/g.json"),
+                              settings={"adaptive_budget": 64})
+        self.results, self.start_s, self.level_s = results, start_s, level_s
+        self.run = {"servers_started": 0, "benches": 0, "skipped": {}}
+        self.log: list[tuple] = []
+
+    @contextlib.contextmanager
+    def server(self, name, cfg):
+        self.opts.clock.t += self.start_s
+        self.log.append(("start", name))
+        yield "url", {"ready_seconds": self.start_s}
+        self.opts.clock.t += 3
+
+    def bench(self, url, name, prompts, mode, regime, c, first):
+        self.opts.clock.t += self.level_s
+        self.log.append(("bench", regime, c))
+        return {"mode": mode.label, "concurrency": c, "seconds": self.level_s, "tok_s": 1.0,
+                "accept_length": 1.0, "warmup": first, "run": 0}
+
+    def check(self, url, mode):
+        self.opts.clock.t += 4
+        return {"rc": 0}
+
+    def identity(self, url, prompts):
+        self.opts.clock.t += 4
+        return {"identical": True}
+
+    def prompt_file(self, name, rows):
+        return Path(f"prompts-{name}.jsonl")
+
+    def save(self) -> None:
+        pass
+
+
+def _fresh_results() -> dict:
+    return {"linear_accept_length": {"absent": 1.0, "chain": 1.0}, "oracle_accept_length": {},
+            "cells": {}, "none_levels": {}, "servers": {}, "commands": [], "checks": {},
+            "identity": {}, "policy_state": {}}
+
+
+def test_ddtree_starts_for_its_first_regime_and_leaves_the_rest():
+    """Start (75 s estimated) + the first regime (2 x 20 s + check 4 + identity 4) + stop 8
+    fit in 140 s: the server starts; after it (60 s) and absent (48 s), chain's ~56 s do not
+    fit the 32 s left: skipped with the reason, and the next call runs only chain."""
+    d8 = grid.parse_mode("ddtree-8", 64)
+    prompts = {"absent": [[1]], "chain": [[2]]}
+    g = _TimedGrid(140.0, _fresh_results())
+    g.phase_ddtree(d8, prompts, Path("plant.json"))
+    assert g.log == [("start", "ddtree-8"), ("bench", "absent", 1), ("bench", "absent", 2)]
+    assert list(g.run["skipped"]) == ["ddtree-8-chain"]
+    assert "left for the next call" in g.run["skipped"]["ddtree-8-chain"]
+    assert set(g.results["checks"]["ddtree-8"]) == {"absent"}
+    assert set(g.results["identity"]["ddtree-8"]) == {"absent"}
+    again = _TimedGrid(140.0, g.results)
+    again.phase_ddtree(d8, prompts, Path("plant.json"))
+    assert again.log == [("start", "ddtree-8"), ("bench", "chain", 1), ("bench", "chain", 2)]
+    assert not again.run["skipped"]
+    assert {k for k in again.results["cells"]} == {
+        grid.cell_key(r, "ddtree-8", c) for r in ("absent", "chain") for c in (1, 2)}
+
+
+def test_ddtree_does_not_start_when_its_first_regime_does_not_fit():
+    d8 = grid.parse_mode("ddtree-8", 64)
+    g = _TimedGrid(120.0, _fresh_results())  # needs 75 + 48 = 123
+    g.phase_ddtree(d8, {"absent": [[1]], "chain": [[2]]}, Path("plant.json"))
+    assert g.log == [] and "first pending regime, absent" in g.run["skipped"]["ddtree-8"]
+
+
+def test_a_level_that_does_not_fit_is_left_for_the_next_call():
+    """Inside a started regime each level needs its estimate + what follows it (check,
+    identity, stop): with the levels slower than estimated, c=2 is left."""
+    d8 = grid.parse_mode("ddtree-8", 64)
+    g = _TimedGrid(125.0, _fresh_results(), start_s=50.0, level_s=45.0)
+    g.phase_ddtree(d8, {"absent": [[1]], "chain": [[2]]}, Path("plant.json"))
+    assert g.log == [("start", "ddtree-8"), ("bench", "absent", 1)]
+    assert "c=2 left for the next call" in g.run["skipped"]["ddtree-8-absent c=2"]
+    assert "ddtree-8-chain" in g.run["skipped"]
+
+
+# ---- interrupts ------------------------------------------------------------------------
+
+
+def _popen(out: Path, *extra: str, **env: str) -> subprocess.Popen:
+    full = dict(os.environ, STANDIN_TOKEN_DELAY="0.0002", **env,
+                PYTHONPATH=os.pathsep.join([str(STANDIN), str(REPO / "src"),
+                                            str(REPO / "benchmarks")]))
+    full.pop("NOTIFY_SOCKET", None)
+    return subprocess.Popen([sys.executable, "-m", "adaptive_grid", "--out", str(out),
+                             "--site", f"{STANDIN}{os.pathsep}{REPO / 'src'}", "--port",
+                             str(_free_port()), *TINY, *extra], env=full, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(pred, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def _levels_written(out: Path) -> int:
+    try:
+        return len(json.loads((out / "results.json").read_text())["none_levels"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def _serving(cfg: Path) -> list[int]:
+    """Processes whose command line names this config (a serve process and its server)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if str(cfg).encode() in (d / "cmdline").read_bytes():
+                    pids.append(int(d.name))
+            except OSError:
+                pass
+    return pids
+
+
+def test_sigint_stops_the_server_saves_exports_and_resumes(tmp_path):
+    out, export = tmp_path / "o", tmp_path / "export"
+    p = _popen(out, "--export", str(export))
+    _wait_for(lambda: _levels_written(out) >= 1 or p.poll() is not None)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=90)
+    assert p.returncode == 130, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("adaptive_grid: interrupted by SIGINT")
+    assert (export / "results.json").exists() and (export / "adaptive-grid.json").exists()
+    res = json.loads((export / "results.json").read_text())
+    assert res["runs"][0]["interrupted"] == "SIGINT"
+    assert 1 <= len(res["none_levels"]) < len(LEVELS) or res["cells"] == {}
+    assert res["servers"]["none"][0]["interrupted"] is True
+    assert res["servers"]["none"][0]["serve_exit"] is not None
+    _wait_for(lambda: not _serving(out / "config-none.json"), timeout=10)
+    again = _grid_run(out)
+    assert again.returncode == 0, again.stderr[-3000:]
+    doc = json.loads((out / "adaptive-grid.json").read_text())
+    assert {(x["regime"], x["mode"], x["concurrency"]) for x in doc["cells"]} == {
+        (r, m, c) for r in REGIMES for m in MODES for c in LEVELS}
+
+
+def test_sigterm_while_a_server_starts_stops_it(tmp_path):
+    """Outside running_server's try (waiting for ready) the serve process is found by its
+    config path and stopped; the call exits 143 with one line."""
+    out = tmp_path / "o"
+    p = _popen(out, STANDIN_READY_DELAY="120")
+    cfg = out / "config-none.json"
+    try:
+        _wait_for(lambda: ((out / "serve-none.log").exists() and _serving(cfg))
+                  or p.poll() is not None)
+        time.sleep(1.0)  # waiting for /health (the stand-in answers 503 for 120 s)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=90)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 143, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("adaptive_grid: interrupted by SIGTERM")
+    rec = json.loads((out / "results.json").read_text())["servers"]["none"][0]
+    assert rec["ready_seconds"] is None and rec["interrupted"] is True
+    assert rec["serve_exit"] is not None
+    _wait_for(lambda: not _serving(cfg), timeout=10)
