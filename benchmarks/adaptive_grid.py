@@ -48,7 +48,6 @@ import signal
 import sys
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -958,7 +957,7 @@ class Grid:
                     self.identity(url, prompts[regime])
                 if mode.adaptive:
                     self.results["policy_state"].setdefault(mode.label, {})[regime] = \
-                        policy_state(url)
+                        e2e.policy_state(url)
                 self.save()
 
     def identity(self, url: str, prompts: list[list[int]]) -> dict:
@@ -1124,19 +1123,6 @@ def earlier_results(path: Path, settings: dict) -> dict | None:
         raise UsageError(f"{path} was measured with other settings ({', '.join(diff)}); "
                          "use another --out")
     return old
-
-
-def policy_state(url: str) -> dict | None:
-    """internal_states[0].ddtree of /server_info: the adaptive policy's summary."""
-    try:
-        with urllib.request.urlopen(url + "/server_info", timeout=30) as r:
-            info = json.loads(r.read())
-    except (OSError, ValueError) as exc:
-        return {"error": f"{type(exc).__name__}: {exc}"}
-    states = info.get("internal_states")
-    if isinstance(states, list) and states and isinstance(states[0], dict):
-        return states[0].get("ddtree")
-    return None
 
 
 def build_parser() -> Parser:

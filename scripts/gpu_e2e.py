@@ -26,6 +26,8 @@ whether acceptance rises with the share of rank-0 plants; then a bench on the pl
 `seeded:<budget>`: T > 0 as token identity: `--enable-deterministic-inference`, seeded requests
 (T = 0.8, top_p = 0.95, sampling_seed per prompt) on a no-speculation server, then on a DDTree
 server planted with those seeded outputs; outputs must be identical (two server starts).
+`seeded:adaptive:<budget>`: the same under the adaptive policy, one at a time and in batches
+of 8 and 32 requests, with the policy's state after each (issue 14 item 5).
 `sample:<budget>[:noplant][:flashinfer]`: a fresh DDTree server whose FIRST requests are
 T = 0.8 / top_p = 0.95 (the call-14 stall), planted (after `serve:none`) or not, with
 `--sampling-backend pytorch` or, with `:flashinfer`, FlashInfer's; on a timeout it records
@@ -178,7 +180,7 @@ def http_json(url: str, body: dict | None = None, timeout: float = 120) -> dict:
 
 def instance_config(opts: Opts, name: str, algorithm: str, budget: int | None = None, *,
                     extra_args: tuple[str, ...] = (), plant: Path | None = None,
-                    environment: dict | None = None) -> dict:
+                    environment: dict | None = None, policy: str | None = None) -> dict:
     """The run's instance config: dummy weights, this step's attention backend for target and
     draft, and for DDTree the profiler (and plant) environment."""
     target, draft = opts.models
@@ -194,7 +196,7 @@ def instance_config(opts: Opts, name: str, algorithm: str, budget: int | None = 
         cfg |= {"draftModel": str(draft), "draftLoadFormat": "dummy",
                 "draftAttentionBackend": opts.backend}
     if algorithm == "ddtree":
-        cfg["ddtree"] = {"budget": budget}
+        cfg["ddtree"] = {"budget": budget} | ({"policy": policy} if policy else {})
         environment = ddtree_environment(opts, name, plant) | (environment or {})
     if environment is not None:
         cfg["environment"] = environment
@@ -737,13 +739,60 @@ def seeded_params(i: int, n: int) -> dict:
             "ignore_eos": True}
 
 
+SEEDED_BATCH_LEVELS = (8, 32)  # besides one at a time: batch sizes where the adaptive policy
+#                               runs other candidate budgets (its schedule changes at bs 8, 32)
+
+
+def parse_seeded(step: str) -> tuple[int, bool]:
+    """``seeded:<N>`` -> (N, False); ``seeded:adaptive:<N>`` -> (N, True); ValueError else."""
+    parts = step.split(":")
+    adaptive = len(parts) == 3 and parts[1] == "adaptive"
+    if len(parts) != (3 if adaptive else 2) or not parts[-1].isdigit() or int(parts[-1]) < 1:
+        raise ValueError(f"bad step {step!r}: seeded:<N> or seeded:adaptive:<N>")
+    return int(parts[-1]), adaptive
+
+
+def policy_state(url: str) -> dict | None:
+    """internal_states[0].ddtree of /server_info: the adaptive policy's summary."""
+    try:
+        with urllib.request.urlopen(url + "/server_info", timeout=30) as r:
+            info = json.loads(r.read())
+    except (OSError, ValueError) as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    states = info.get("internal_states")
+    if isinstance(states, list) and states and isinstance(states[0], dict):
+        return states[0].get("ddtree")
+    return None
+
+
+def seeded_batch(url: str, outs: list[list[int]], c: int) -> dict:
+    """c seeded requests at once (the prompts cycled, each with its own prompt's seed), each
+    against that prompt's no-speculation output."""
+    import concurrent.futures as cf
+
+    idx = [i % len(PLANT_PROMPTS) for i in range(c)]
+
+    def one(i: int) -> list[int]:
+        return http_json(url + "/generate", {"input_ids": PLANT_PROMPTS[i],
+                                             "sampling_params": seeded_params(i, GEN_TOKENS)}
+                         )["output_ids"]
+
+    with cf.ThreadPoolExecutor(c) as pool:
+        got = list(pool.map(one, idx))
+    diffs = [first_diff(o, outs[i][:GEN_TOKENS]) for o, i in zip(got, idx, strict=True)]
+    return {"concurrency": c, "first_diff": diffs, "identical": all(d is None for d in diffs)}
+
+
 def step_seeded(opts: Opts, step: str) -> dict:
     """T > 0 losslessness as token identity: seeded sampling under
     ``--enable-deterministic-inference``, no speculation vs DDTree planted with the no-spec run's
     own seeded outputs (so drafts are accepted). Each committed DDTree token is drawn with
     SGLang's seeded sampler keyed by (seed, position), so outputs must match token for token
-    (up to last-bit logit differences between a 1-row decode and an N+1-row verify)."""
-    budget = int(step.split(":")[1])
+    (up to last-bit logit differences between a 1-row decode and an N+1-row verify).
+    ``seeded:adaptive:<N>`` runs the adaptive policy and also checks batches of
+    SEEDED_BATCH_LEVELS requests, recording the policy's state after each (which budgets it
+    ran and fell back to at that batch size)."""
+    budget, adaptive = parse_seeded(step)
     det = ("--enable-deterministic-inference",)
     rec: dict = {"mode": step}
     cfg = instance_config(opts, f"seeded-none{opts.tag}", "none", extra_args=det)
@@ -759,11 +808,12 @@ def step_seeded(opts: Opts, step: str) -> dict:
     if len(outs) != len(PLANT_PROMPTS):
         rec["error"] = "the no-speculation seeded run gave no outputs"
         return rec
-    name = f"seeded-{budget}{opts.tag}"
+    name = f"seeded-{'adaptive-' if adaptive else ''}{budget}{opts.tag}"
     plant_path = opts.out / f"{name}.json"
     plant_path.write_text(json.dumps(plant_document(outs)))
-    cfg = instance_config(opts, name, "ddtree", budget, extra_args=det, plant=plant_path)
-    rows = []
+    cfg = instance_config(opts, name, "ddtree", budget, extra_args=det, plant=plant_path,
+                          policy="adaptive" if adaptive else None)
+    rows, batches = [], []
     with running_server(opts, cfg, name) as (url, r1):
         if r1["ready_seconds"]:
             for i, ids in enumerate(PLANT_PROMPTS):
@@ -773,10 +823,16 @@ def step_seeded(opts: Opts, step: str) -> dict:
                 rows.append({"identical": out == ref, "first_diff": first_diff(out, ref),
                              "accept_length": r.get("meta_info", {}).get("spec_accept_length"),
                              "output": out, "reference": ref})
-    rec["ddtree"] = r1 | {"rows": rows}
+            if adaptive:
+                r1["policy_after_one_at_a_time"] = policy_state(url)
+                for c in SEEDED_BATCH_LEVELS:
+                    batches.append(seeded_batch(url, outs, c) | {"policy": policy_state(url)})
+    rec["ddtree"] = r1 | {"rows": rows, "batches": batches}
     rec["summary"] = {
-        "all_identical": bool(rows) and all(r["identical"] for r in rows),
+        "all_identical": bool(rows) and all(r["identical"] for r in rows)
+        and all(b["identical"] for b in batches),
         "identical": [r["identical"] for r in rows],
+        "batches": {b["concurrency"]: b["identical"] for b in batches},
         "accept_length": [r["accept_length"] for r in rows],
         # the seeded outputs are not the greedy ones: T > 0 really sampled
         "sampled": any(o[:GEN_TOKENS] != g for o, g in zip(outs, greedy, strict=True)),

@@ -265,3 +265,31 @@ def test_a_port_that_already_answers_is_not_a_ready_server(tmp_path):
         assert not (out / "serve-x.log").exists()  # no serve process was started
     finally:
         stale.shutdown()
+
+
+def test_seeded_adaptive_step_checks_batches_and_reads_the_policy(tmp_path):
+    """`seeded:adaptive:<N>`: the DDTree server runs the adaptive policy, the seeded outputs
+    are also compared in batches of 8 and 32 requests, and the policy's state is read after
+    each (the stand-in's /server_info has no DDTree state; the flow still runs)."""
+    proc, res = _run(tmp_path, "--no-bench", "seeded:adaptive:16", "seeded:adaptive:x")
+    out = tmp_path / "out"
+    rec = res["seeded"]["seeded:adaptive:16"]
+    cfg = json.loads((out / "config-seeded-adaptive-16.json").read_text())
+    assert cfg["ddtree"] == {"budget": 16, "policy": "adaptive"}
+    assert "--enable-deterministic-inference" in cfg["extraArgs"]
+    assert [b["concurrency"] for b in rec["ddtree"]["batches"]] == [8, 32]
+    for b in rec["ddtree"]["batches"]:
+        assert len(b["first_diff"]) == b["concurrency"] and b["identical"] is True
+        assert "policy" in b
+    assert rec["summary"]["all_identical"] is True
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "seeded:adaptive:x" in summary["errors"]
+
+
+def test_parse_seeded():
+    e2e = _gpu_e2e()
+    assert e2e.parse_seeded("seeded:56") == (56, False)
+    assert e2e.parse_seeded("seeded:adaptive:16") == (16, True)
+    for bad in ("seeded:x", "seeded:adaptive", "seeded:fixed:16", "seeded:0"):
+        with pytest.raises(ValueError):
+            e2e.parse_seeded(bad)

@@ -112,12 +112,9 @@ def _instance(testdir: Path, name: str, port: int, environment: dict[str, str]) 
     (testdir / f"{name}.json").write_text(json.dumps(cfg))
 
 
-@pytest.fixture(scope="module")
-def systemd(tmp_path_factory):
-    why = _why_not()
-    if why:
-        pytest.skip(why)
-    t = tmp_path_factory.mktemp("systemd")
+def make_testdir(t: Path, pythonpath: str) -> None:
+    """The test dir systemd sees as /srv/t: stub model dirs, a driver-lib dir, and a package
+    prefix whose bin/sglang-dflash runs this checkout's CLI with ``pythonpath``."""
     for role in ("target", "draft"):
         (t / "models" / role).mkdir(parents=True)
         (t / "models" / role / "config.json").write_text("{}")
@@ -125,13 +122,16 @@ def systemd(tmp_path_factory):
     wrapper = t / "prefix" / "bin" / "sglang-dflash"
     wrapper.parent.mkdir(parents=True)
     wrapper.write_text(
-        "#!/bin/sh\nexport PYTHONPATH=/srv/repo/tests/standin:/srv/repo/src\n"
+        f"#!/bin/sh\nexport PYTHONPATH={pythonpath}\n"
         f'exec {PYTHON} -m sglang_dflash.cli "$@"\n'
     )
     wrapper.chmod(0o755)
-    _instance(t, "ok", 30611, {"STANDIN_SELFKILL_ON_TERM": "1", "STANDIN_TOKEN_DELAY": "0"})
-    _instance(t, "crash", 30612, {"STANDIN_CRASH_BEFORE_READY": "7"})
-    for p in [t, *t.rglob("*")]:  # the service runs as a DynamicUser
+
+
+def boot(t: Path) -> NamespacedSystemd:
+    """Make ``t`` readable by the services' DynamicUsers and boot systemd over it; SKIP with
+    the reason when systemd cannot boot here."""
+    for p in [t, *t.rglob("*")]:
         p.chmod(p.stat().st_mode | 0o055)
     for p in t.parents:
         if p == Path("/"):
@@ -142,6 +142,19 @@ def systemd(tmp_path_factory):
     if state not in ("running", "degraded"):
         log = sd.close()
         pytest.skip(f"systemd did not boot in namespaces here ({state}): {log[-300:]!r}")
+    return sd
+
+
+@pytest.fixture(scope="module")
+def systemd(tmp_path_factory):
+    why = _why_not()
+    if why:
+        pytest.skip(why)
+    t = tmp_path_factory.mktemp("systemd")
+    make_testdir(t, "/srv/repo/tests/standin:/srv/repo/src")
+    _instance(t, "ok", 30611, {"STANDIN_SELFKILL_ON_TERM": "1", "STANDIN_TOKEN_DELAY": "0"})
+    _instance(t, "crash", 30612, {"STANDIN_CRASH_BEFORE_READY": "7"})
+    sd = boot(t)
     for name in ("ok", "crash"):
         r = sd.sh(
             f"PYTHONPATH=/srv/repo/src {PYTHON} -m sglang_dflash.cli unit "

@@ -36,7 +36,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.systemd_unit.test_systemd_boot import PYTHON, REPO, NamespacedSystemd, _why_not
+from tests.systemd_unit.test_systemd_boot import (
+    PYTHON,
+    REPO,
+    NamespacedSystemd,
+    _why_not,
+    boot,
+    make_testdir,
+)
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 SHA2 = "fedcba9876543210fedcba9876543210fedcba98"
@@ -138,19 +145,9 @@ def systemd(tmp_path_factory):
     if why:
         pytest.skip(why)
     t = tmp_path_factory.mktemp("systemd-rl")
-    for role in ("target", "draft"):
-        (t / "models" / role).mkdir(parents=True)
-        (t / "models" / role / "config.json").write_text("{}")
-    (t / "drv").mkdir()
+    make_testdir(t, "/srv/repo/tests/standin:/srv/repo/src:/srv/t/site")
     (t / "site").mkdir()
     copy_distributions([m for m in ("smg", "huggingface_hub") if _have(m)], t / "site")
-    wrapper = t / "prefix" / "bin" / "sglang-dflash"
-    wrapper.parent.mkdir(parents=True)
-    wrapper.write_text(
-        "#!/bin/sh\nexport PYTHONPATH=/srv/repo/tests/standin:/srv/repo/src:/srv/t/site\n"
-        f'exec {PYTHON} -m sglang_dflash.cli "$@"\n'
-    )
-    wrapper.chmod(0o755)
     (t / "repos.json").write_text(json.dumps(REPOS))
     servers = [_server_config(t, n, p) for n, p in WORKERS.items()]
     routers = {
@@ -162,17 +159,7 @@ def systemd(tmp_path_factory):
         "taken": _router_config(t, "taken", TAKEN_PORT, [f"http://127.0.0.1:{WORKERS['a']}"]),
     }
     hub = {"hub": _hub_config(t, "hub", HUB_PORT), "down": _hub_config(t, "down", DEAD_HUB_PORT)}
-    for p in [t, *t.rglob("*")]:  # the services run as DynamicUsers
-        p.chmod(p.stat().st_mode | 0o055)
-    for p in t.parents:
-        if p == Path("/"):
-            break
-        p.chmod(p.stat().st_mode | 0o011)
-    sd = NamespacedSystemd(t)
-    state = sd.wait_booted()
-    if state not in ("running", "degraded"):
-        log = sd.close()
-        pytest.skip(f"systemd did not boot in namespaces here ({state}): {log[-300:]!r}")
+    sd = boot(t)
     out = "/run/systemd/system"
     cmds = [f"{CLI} --config {c} --driver-lib-dir /srv/t/drv -o {out}/sglang-dflash-{n}.service"
             for n, c in zip(WORKERS, servers, strict=True)]
