@@ -225,4 +225,7 @@ def test_root_accept_equals_the_walk_of_a_root_tree(bs, depth):
     want = greedy_accept(root_tree(roots, seq_lens, depth), choice)
     got = root_accept(choice, depth)
     for name, a, b in zip(want._fields, want, got, strict=True):
+        if a is None or b is None:  # the optional fields the fused CUDA tail fills
+            assert a is None and b is None, name
+            continue
         assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), name

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .tree import DDTree
+from .tree import DDTree, use_triton, verify_kernels
 
 
 def full_mask_offsets(seq_lens: torch.Tensor, width: int) -> torch.Tensor:
@@ -39,6 +39,10 @@ def full_mask(
     """
     bs, width = tree.tokens.shape
     dev = tree.tokens.device
+    if out is None and seq_lens_sum is not None and width > 1 and use_triton(tree.visibility):
+        kernels = verify_kernels()
+        if kernels is not None and bs <= kernels.MASK_MAX_BS:  # 2 launches instead of 14
+            return kernels.full_mask_triton(tree.visibility, seq_lens, int(seq_lens_sum))
     s = seq_lens.to(device=dev, dtype=torch.long)
     if out is None:
         total_prefix = int(s.sum()) if seq_lens_sum is None else int(seq_lens_sum)

@@ -89,6 +89,22 @@ def _candidate_pairs(n: int, p: int, k: int, dev) -> tuple[torch.Tensor, ...]:
 IMPL_ENV = settings.IMPL_ENV
 
 
+def use_triton(t: torch.Tensor) -> bool:
+    """CUDA tensors take the DDTree Triton kernels unless ``SGLANG_DFLASH_DDTREE_IMPL=torch``
+    (the tree builder, the verify mask and the accept tail all follow this one switch)."""
+    return t.is_cuda and os.environ.get(IMPL_ENV, "auto") != "torch"
+
+
+@functools.cache
+def verify_kernels():
+    """The ``verify_triton`` module, or None where triton cannot be imported (asked once)."""
+    try:
+        from . import verify_triton
+    except ImportError:
+        return None
+    return verify_triton
+
+
 @functools.cache
 def _triton_builder():
     """``tree_triton.build_tree_triton``, or None where triton cannot be imported (asked once:
@@ -116,7 +132,7 @@ def build_tree(
     launch-bound there); everything else, or ``SGLANG_DFLASH_DDTREE_IMPL=torch``, takes the
     torch path. Both give bit-identical trees.
     """
-    if logp.is_cuda and os.environ.get(IMPL_ENV, "auto") != "torch":
+    if use_triton(logp):
         triton_build = _triton_builder()
         if triton_build is not None:
             return triton_build(logp, ids, root_tokens, seq_lens, budget)

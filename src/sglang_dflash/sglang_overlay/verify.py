@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 
 from sglang_dflash.ddtree.mask import full_mask
-from sglang_dflash.ddtree.tree import DDTree, root_tree
+from sglang_dflash.ddtree.tree import DDTree, root_tree, use_triton, verify_kernels
 from sglang_dflash.ddtree.walk import greedy_walk
 
 
@@ -45,6 +45,12 @@ class Acceptance(NamedTuple):
     out_tokens: torch.Tensor  # [bs, L+1] int64 committed tokens, bonus last, 0 past commit
     commit_lens: torch.Tensor  # [bs] int32 accept_len + 1
     bonus: torch.Tensor  # [bs] int64
+    # adaptive.path_counts over the counted budgets, when the fused tail computed it (else None)
+    counts: torch.Tensor | None = None
+    # the walk kernel's own int32 accept_index / accept_len (KV compaction takes int32): kept
+    # so they need not be converted back (None on the torch walk)
+    index_i32: torch.Tensor | None = None
+    len_i32: torch.Tensor | None = None
 
 
 def committed_tokens(
@@ -122,10 +128,15 @@ def greedy_accept(
     tree: DDTree,
     target_predict: torch.Tensor,
     kernel: Callable | None = None,
+    budgets: tuple[torch.Tensor, int] | None = None,
 ) -> Acceptance:
     """Walk ``tree`` with the target's per-node choice ``[bs, W]`` (argmax, or a sample at T>0).
 
-    ``kernel`` is SGLang's ``verify_tree_greedy_func`` (CUDA); None uses the torch walk.
+    ``kernel`` is SGLang's ``verify_tree_greedy_func`` (CUDA); None uses the torch walk. On
+    CUDA the walk's tail (dtype conversions, committed tokens, bonus) is one Triton launch
+    (``verify_triton.accept_tail_triton``), which also counts ``budgets`` (``(pad_budgets(...),
+    n)``, the adaptive policy's counterfactual) into ``counts``; elsewhere ``counts`` is None
+    and the caller uses ``adaptive.path_counts``.
     """
     bs, width = tree.tokens.shape
     depth = tree.max_depth
@@ -154,9 +165,16 @@ def greedy_accept(
         retrieve_next_sibling=tree.next_sibling.long(),
         target_predict=target_predict,
     )
+    kernels = verify_kernels() if use_triton(accept_index) else None
+    if kernels is not None:
+        padded, n = budgets if budgets is not None else (None, 0)
+        idx, n_acc, out, commit, bonus, counts = kernels.accept_tail_triton(
+            predicts, accept_index, accept_len, width, padded, n)
+        return Acceptance(idx, n_acc, out, commit, bonus, counts, accept_index, accept_len)
     out, bonus = committed_tokens(predicts, accept_index, accept_len)
     return Acceptance(
-        accept_index.long(), accept_len.long(), out, (accept_len + 1).to(torch.int32), bonus
+        accept_index.long(), accept_len.long(), out, (accept_len + 1).to(torch.int32), bonus,
+        None, accept_index, accept_len,
     )
 
 

@@ -49,7 +49,7 @@ from sglang.srt.speculative.spec_utils import (
 )
 from sglang.srt.utils import is_cuda, is_hip
 
-from sglang_dflash.ddtree.tree import build_tree, warm_up_inputs
+from sglang_dflash.ddtree.tree import build_tree, verify_kernels, warm_up_inputs
 from sglang_dflash.sglang_overlay import adaptive as adaptive_mod
 from sglang_dflash.sglang_overlay import policy as policy_mod
 from sglang_dflash.sglang_overlay import settings
@@ -205,7 +205,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._targets: dict[int, tuple[Any, Any]] = {}
         self._graph_bs: list[int] = []
         self._meter = self._load_meter()
-        self._budget_tensors: dict[tuple[int, int], tuple[tuple[int, ...], Any]] = {}
+        self._budget_tensors: dict[tuple[int, int], tuple[tuple[int, ...], Any, Any]] = {}
         self._root_rounds: dict[int, RootRound] = {}
         self._active_budget = budget
         self._policy_rounds = 0
@@ -231,16 +231,20 @@ class DDTreeWorkerV2(DFlashWorkerV2):
     # ---- setup ---------------------------------------------------------------------------
 
     def _warm_up_tree(self):
-        """Build one dummy tree now, so the Triton builder compiles at start-up.
+        """Build one dummy tree now, so the Triton builder (and the fused verify mask and
+        accept tail, per width) compile at start-up.
 
         Uncompiled, the first decode round paid it (0.6-0.8 s on the H200, cold cache:
         docs/gpu-results.md §8). One compile serves every batch size (the kernel does not
         specialise on bs).
         """
         t0 = time.monotonic()
+        kernels = verify_kernels() if is_cuda() else None
         for n in self._budgets:  # one compile per (L, budget)
             if n > 0:
                 build_tree(*warm_up_inputs(self.ddtree.max_depth, self._topk_k, self.device), n)
+                if kernels is not None:  # the verify mask and accept tail at this width
+                    kernels.warm_up(n + 1, self.ddtree.max_depth, self.device)
         if is_cuda():
             torch.cuda.synchronize(self.device)
         logger.info("DDTree tree builder ready in %.2f s.", time.monotonic() - t0)
@@ -440,14 +444,17 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             self._active_budget = n
         return n, key
 
-    def _counted_budgets(self, key: int, ran: int) -> tuple[tuple[int, ...], Any]:
-        """Candidates 1..ran of slot ``key`` and the same as a device tensor (cached: a fresh
-        host-to-device copy each round would wait for the stream)."""
+    def _counted_budgets(self, key: int, ran: int) -> tuple[tuple[int, ...], Any, Any]:
+        """Candidates 1..ran of slot ``key``, the same as a device tensor (``path_counts``) and
+        padded for the fused accept tail (None without it). Cached: a fresh host-to-device
+        copy each round would wait for the stream."""
         cache = self._budget_tensors
         hit = cache.get((key, ran))
         if hit is None:
             cands = tuple(n for n in self._policy.schedule.candidates(key) if 0 < n <= ran)
-            hit = (cands, torch.tensor(cands, dtype=torch.long, device=self.device))
+            kernels = verify_kernels() if is_cuda() and cands else None
+            padded = kernels.pad_budgets(cands, self.device) if kernels is not None else None
+            hit = (cands, torch.tensor(cands, dtype=torch.long, device=self.device), padded)
             cache[(key, ran)] = hit
         return hit
 
@@ -626,9 +633,11 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         target_out, vt = self._verify_stage(batch, draft_input, tree, bs, width, prof, ranges)
         if prof is not None:
             prof.mark(4)
+        cands = self._counted_budgets(key, budget) if meter is not None else None
         with ranges("accept"):
+            fused = (cands[2], len(cands[0])) if cands and cands[2] is not None else None
             acc = self._accept_stage(batch, tree, target_out.logits_output, vt, bs, width,
-                                     budget)
+                                     budget, fused)
             new_seq_lens = prefix_lens + acc.commit_lens.to(prefix_lens.dtype)
         if on_publish is not None:
             on_publish(new_seq_lens)
@@ -638,9 +647,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             prof.mark(5)
         with ranges("result"):
             if meter is not None:
-                cands = self._counted_budgets(key, budget)
-                counts = (adaptive_mod.path_counts(acc.accept_index, width, cands[1])
-                          if cands[0] else None)
+                counts = acc.counts
+                if counts is None and cands[0]:
+                    counts = adaptive_mod.path_counts(acc.accept_index, width, cands[1])
                 meter.end(key, budget, bs, cands[0], counts)
             return GenerationBatchResult(
                 logits_output=target_out.logits_output,
@@ -758,9 +767,11 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             renorm=self._renorm,
         )
 
-    def _accept_stage(self, batch, tree, logits_output, vt, bs: int, width: int, budget: int):
+    def _accept_stage(self, batch, tree, logits_output, vt, bs: int, width: int, budget: int,
+                      counted=None):
         """The greedy walk over the target's choices, then the accepted nodes' target KV
-        compacted to prefix..prefix+commit-1."""
+        compacted to prefix..prefix+commit-1. ``counted`` (padded budgets, n) lets the fused
+        tail also count the adaptive policy's counterfactual."""
         choice = self._node_choice(
             batch.sampling_info, logits_output.next_token_logits, vt, bs, width
         )
@@ -768,11 +779,11 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             # A root-only tree commits its one node, whose KV the verify already wrote at
             # req_to_token[prefix] (verify_loc): the compaction would copy it onto itself.
             return self._root_round(bs).accept(choice)
-        acc = greedy_accept(tree, choice, kernel=self._verify_kernel)
+        acc = greedy_accept(tree, choice, kernel=self._verify_kernel, budgets=counted)
         move_accept_tokens_to_target_kvcache(
             batch,
-            acc.accept_index.to(torch.int32),
-            acc.accept_len.to(torch.int32),
+            acc.index_i32 if acc.index_i32 is not None else acc.accept_index.to(torch.int32),
+            acc.len_i32 if acc.len_i32 is not None else acc.accept_len.to(torch.int32),
             self.model_runner.token_to_kv_pool_allocator,
         )
         return acc
