@@ -200,8 +200,8 @@ def _median(xs):
     return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
 
 
-# What the H200 grid of 2026-12-03 measured (docs/gpu-runs/2026-12-03/grid-results.json,
-# not in git): per (mode, regime) the call (run) and each level's (seconds, accept length)
+# What the H200 grid of 2026-12-03 measured (docs/gpu-runs/2026-12-03/grid.json, raw files
+# at commit 78205dc): per (mode, regime) the call (run) and each level's (seconds, accept length)
 # at c = 1 ... 64; none's seconds; each server's (run, pid, ready_seconds). Calls: 0 ran
 # none (a cold machine: 225 s to ready); 1 the three DFLASH servers; 2 ddtree-adaptive and
 # ddtree-8 (--time-budget-s 0); 4 ddtree-16 (its 12.5 s "start" answered from call 2's
