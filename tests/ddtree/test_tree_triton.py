@@ -7,7 +7,6 @@ kernel for sm_90 (no GPU needed) so lowering errors the interpreter cannot see a
 
 from __future__ import annotations
 
-import importlib
 import os
 import subprocess
 import sys
@@ -23,39 +22,21 @@ from sglang_dflash.ddtree import tree as tree_mod  # noqa: E402
 from sglang_dflash.ddtree.tree import build_tree_torch  # noqa: E402
 
 from .test_tree import check_invariants, make_inputs  # noqa: E402
+from .triton_env import (  # noqa: E402
+    CUDA,
+    DEV,
+    import_triton_module,
+    interpret_on_cpu,
+    skip_if_triton_imported_compiled,
+)
 
-CUDA = torch.cuda.is_available()
-DEV = "cuda" if CUDA else "cpu"
-if not CUDA and sys.modules.get("triton") is not None and not os.environ.get("TRITON_INTERPRET"):
-    pytest.skip("triton was imported before interpreter mode could be set (no CUDA here)",
-                allow_module_level=True)
-
-
-def _import_triton_module():
-    """Import tree_triton compiled (CUDA) or interpreted (CPU). triton.jit picks the mode at
-    import time (of triton.language too), so TRITON_INTERPRET is set only around the imports."""
-    name = "sglang_dflash.ddtree.tree_triton"
-    old = os.environ.get("TRITON_INTERPRET")
-    if not CUDA:
-        os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        pytest.importorskip("triton", reason="triton is not installed (pip install triton==3.6.0)")
-        return importlib.import_module(name)
-    finally:
-        if old is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = old
-
-
-tt = _import_triton_module()
+skip_if_triton_imported_compiled()
+tt = import_triton_module("sglang_dflash.ddtree.tree_triton")
 
 
 @pytest.fixture(autouse=True)
 def _interpret(monkeypatch):
-    """Without CUDA the interpreter also reads TRITON_INTERPRET while a kernel runs."""
-    if not CUDA:
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    interpret_on_cpu(monkeypatch)
 
 
 FIELDS = ("tokens", "parents", "depths", "ranks", "scores", "visibility", "retrieve_index",

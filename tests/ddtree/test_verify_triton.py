@@ -9,7 +9,6 @@ compiles them for sm_90 so lowering errors the interpreter cannot see are caught
 
 from __future__ import annotations
 
-import importlib
 import os
 import subprocess
 import sys
@@ -26,36 +25,20 @@ from sglang_dflash.sglang_overlay.verify import greedy_accept  # noqa: E402
 
 from .test_tree import make_inputs  # noqa: E402
 from .test_walk import path_biased_predictions  # noqa: E402
+from .triton_env import (  # noqa: E402
+    DEV,
+    import_triton_module,
+    interpret_on_cpu,
+    skip_if_triton_imported_compiled,
+)
 
-CUDA = torch.cuda.is_available()
-DEV = "cuda" if CUDA else "cpu"
-if not CUDA and sys.modules.get("triton") is not None and not os.environ.get("TRITON_INTERPRET"):
-    pytest.skip("triton was imported before interpreter mode could be set (no CUDA here)",
-                allow_module_level=True)
-
-
-def _import_kernels():
-    name = "sglang_dflash.ddtree.verify_triton"
-    old = os.environ.get("TRITON_INTERPRET")
-    if not CUDA:
-        os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        pytest.importorskip("triton", reason="triton is not installed (pip install triton==3.6.0)")
-        return importlib.import_module(name)
-    finally:
-        if old is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = old
-
-
-vt = _import_kernels()
+skip_if_triton_imported_compiled()
+vt = import_triton_module("sglang_dflash.ddtree.verify_triton")
 
 
 @pytest.fixture(autouse=True)
 def _interpret(monkeypatch):
-    if not CUDA:
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    interpret_on_cpu(monkeypatch)
 
 
 def _tree(seed, bs, depth, k, budget):

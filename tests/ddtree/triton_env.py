@@ -1,0 +1,48 @@
+"""Importing a DDTree Triton module for its tests: compiled on CUDA, interpreted on the CPU.
+
+triton.jit picks the mode at import time (of triton.language too), so TRITON_INTERPRET is set
+only around the import; ``interpret_on_cpu`` sets it again while a kernel runs (the
+interpreter reads it then too). Shared by the tree builder's and the verify kernels' tests.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+
+
+def skip_if_triton_imported_compiled() -> None:
+    """Without CUDA the kernels need the interpreter, which must be on before triton loads."""
+    if not CUDA and sys.modules.get("triton") is not None and not os.environ.get(
+            "TRITON_INTERPRET"):
+        pytest.skip("triton was imported before interpreter mode could be set (no CUDA here)",
+                    allow_module_level=True)
+
+
+def import_triton_module(name: str):
+    """Import ``name`` compiled (CUDA) or interpreted (CPU); SKIP without triton."""
+    old = os.environ.get("TRITON_INTERPRET")
+    if not CUDA:
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        pytest.importorskip("triton", reason="triton is not installed (pip install triton==3.6.0)")
+        return importlib.import_module(name)
+    finally:
+        if old is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+
+
+def interpret_on_cpu(monkeypatch) -> None:
+    """Without CUDA the interpreter also reads TRITON_INTERPRET while a kernel runs (call it
+    from an autouse fixture)."""
+    if not CUDA:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
