@@ -363,9 +363,13 @@ def grid_cells(results: dict, regimes: list[str], modes: list[str],
                     rec = results.get("cells", {}).get(cell_key(regime, mode, c))
                 if not rec or rec.get("tok_s") is None:
                     continue
+                run = rec.get("run")
+                runs = results.get("runs", [])
+                boot = (runs[run].get("boot_id") if isinstance(run, int) and 0 <= run < len(runs)
+                        else None)
                 cell = {"regime": regime, "concurrency": c, "mode": mode,
                         "tok_s": rec["tok_s"], "accept_length": rec.get("accept_length"),
-                        "run": rec.get("run")}
+                        "run": run, "boot_id": boot}
                 if mode == "none":
                     cell["shared_across_regimes"] = True
                 cells.append(cell)
@@ -376,18 +380,26 @@ def targets(cells: list[dict]) -> list[dict]:
     """Issue 14's targets for every (regime, c) whose cells are there."""
     at = {(x["regime"], x["concurrency"], x["mode"]): x["tok_s"] for x in cells}
     run = {(x["regime"], x["concurrency"], x["mode"]): x.get("run") for x in cells}
+    boot = {(x["regime"], x["concurrency"], x["mode"]): x.get("boot_id") for x in cells}
 
     def same_run(regime: str, c: int, *modes: str) -> bool:
         """Compared cells from one run (one call of this command, one machine): a ratio across
         leases compares two machines and says so."""
         return len({run.get((regime, c, m)) for m in modes}) == 1
 
+    def same_machine(regime: str, c: int, *modes: str) -> bool:
+        """Compared cells from one boot of one machine (calls of one warm lease share it):
+        what a ratio needs; unknown (no boot id recorded) counts as not the same."""
+        ids = {boot.get((regime, c, m)) for m in modes}
+        return len(ids) == 1 and None not in ids
+
     def row(regime: str, c: int, target: str, ratio: float | None, threshold: float,
             modes: tuple[str, ...]) -> dict:
         return {"regime": regime, "concurrency": c, "target": target,
                 "ratio": None if ratio is None else round(ratio, 4), "threshold": threshold,
                 "pass": ratio is not None and ratio >= threshold,
-                "same_run": same_run(regime, c, *modes)}
+                "same_run": same_run(regime, c, *modes),
+                "same_machine": same_machine(regime, c, *modes)}
 
     out = []
     for regime, c in sorted({(x["regime"], x["concurrency"]) for x in cells},
@@ -521,6 +533,15 @@ def server_config(opts: Opts, name: str, mode: Mode, environment: dict | None = 
     return cfg
 
 
+def boot_id() -> str | None:
+    """This boot of this machine (Linux): calls on one warm device lease share it, a fresh
+    machine has another, so cells from different calls can still be compared."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
 def machine() -> dict:
     out: dict = {"gpu": None, "driver": None, "python": platform.python_version(),
                  "torch": None}
@@ -542,7 +563,8 @@ class Grid:
         self.results = self._load()
         self.oracle_found: dict[tuple[str, str], object] = {}  # (regime, budget) -> accept
         self.run = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "argv": argv, "servers_started": 0, "benches": 0, "skipped": {}}
+                    "argv": argv, "servers_started": 0, "benches": 0, "skipped": {},
+                    "boot_id": boot_id()}
         self.results["runs"].append(self.run)
         self.results["commands"].append(
             shlex.join([sys.executable, "-m", "adaptive_grid", *argv]))

@@ -110,6 +110,21 @@ def test_modes_and_targets():
     # a ratio across two runs (two leases, two machines) says so
     later = [dict(x, run=1 if x["mode"] == "ddtree-adaptive" else 0) for x in cells]
     assert not any(x["same_run"] for x in grid.targets(later))
+    # ... but two calls of one warm lease are one machine (one boot): comparable
+    assert not any(x["same_machine"] for x in grid.targets(later))  # no boot id: unknown
+    lease = [dict(x, boot_id="b1") for x in later]
+    assert all(x["same_machine"] for x in grid.targets(lease))
+    two = [dict(x, boot_id="b2" if x["mode"] == "ddtree-adaptive" else "b1") for x in later]
+    assert not any(x["same_machine"] for x in grid.targets(two))
+
+
+def test_cells_carry_their_run_s_boot_id():
+    results = {"runs": [{"boot_id": "b0"}, {"boot_id": "b1"}],
+               "none_levels": {"1": {"tok_s": 5.0, "run": 0}},
+               "cells": {grid.cell_key("absent", "dflash", 1): {"tok_s": 4.0, "run": 1}}}
+    cells = grid.grid_cells(results, ["absent"], ["none", "dflash"], [1])
+    assert [(x["mode"], x["boot_id"]) for x in cells] == [("none", "b0"), ("dflash", "b1")]
+    assert grid.boot_id() is None or len(grid.boot_id()) > 8
 
 
 def _estimator(results: dict) -> grid.Grid:
