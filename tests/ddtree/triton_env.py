@@ -16,12 +16,16 @@ import torch
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
+# whether triton was first loaded here, with the interpreter on (then later kernel modules
+# imported through import_triton_module are interpreted too)
+_LOADED_INTERPRETED = {"yes": False}
 
 
 def skip_if_triton_imported_compiled() -> None:
-    """Without CUDA the kernels need the interpreter, which must be on before triton loads."""
-    if not CUDA and sys.modules.get("triton") is not None and not os.environ.get(
-            "TRITON_INTERPRET"):
+    """Without CUDA the kernels need the interpreter, which must be on before triton loads:
+    SKIP when something else loaded triton first without it."""
+    if (not CUDA and sys.modules.get("triton") is not None
+            and not os.environ.get("TRITON_INTERPRET") and not _LOADED_INTERPRETED["yes"]):
         pytest.skip("triton was imported before interpreter mode could be set (no CUDA here)",
                     allow_module_level=True)
 
@@ -29,10 +33,13 @@ def skip_if_triton_imported_compiled() -> None:
 def import_triton_module(name: str):
     """Import ``name`` compiled (CUDA) or interpreted (CPU); SKIP without triton."""
     old = os.environ.get("TRITON_INTERPRET")
+    first = sys.modules.get("triton") is None
     if not CUDA:
         os.environ["TRITON_INTERPRET"] = "1"
     try:
         pytest.importorskip("triton", reason="triton is not installed (pip install triton==3.6.0)")
+        if first and not CUDA:
+            _LOADED_INTERPRETED["yes"] = True
         return importlib.import_module(name)
     finally:
         if old is None:
