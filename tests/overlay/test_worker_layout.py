@@ -74,6 +74,15 @@ def test_every_stage_runs_inside_a_named_profiler_range():
                 "accept": ["_accept_stage"], "commit": ["_commit_stage"]}.get(name, [])
         assert inside == want, (name, inside)
     assert _range_names(m["_verify_stage"]) == ["verify_prep", "verify_forward"]
+    # the test-only plant has its own range, inside the draft stage, so a profile of a
+    # planted run can subtract what a real drafter never pays
+    assert _range_names(m["_draft_stage"]) == ["plant"]
+    plant_calls = [n for n in ast.walk(m["_draft_stage"]) if isinstance(n, ast.Call)
+                   and getattr(n.func, "attr", None) == "_apply_plant"]
+    (with_plant,) = [n for n in ast.walk(m["_draft_stage"]) if isinstance(n, ast.With)]
+    assert plant_calls and all(c in list(ast.walk(with_plant)) for c in plant_calls)
+    assert not [n for n in ast.walk(m["_draft_topk"]) if isinstance(n, ast.Call)
+                and getattr(n.func, "attr", None) == "_apply_plant"]
 
 
 def test_the_pure_modules_import_without_torch():

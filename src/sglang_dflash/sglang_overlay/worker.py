@@ -212,6 +212,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._seen_rids: set = set()  # requests a top-budget round has measured
         self._plant = self._load_plant()
         self._device_plant = None  # built at the first planted round, on the draft's device
+        self._plant_keys: dict = {}  # rid -> (prompt ids, prompt length), for the plant
         self._prof = self._load_profiler(budget)
         self._tracer = self._load_tracer()
         self._warm_up_tree()
@@ -583,8 +584,6 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             )
             depth = self.block_size - 1
             logp, ids = logp.view(bs, depth, -1), ids.view(bs, depth, -1)
-        if self._plant is not None:
-            logp, ids = self._apply_plant(batch, block_ids[:, 0], logp, ids)
         return logp, ids, block_ids, positions_2d, cache_loc_2d
 
     def _apply_plant(self, batch, roots, logp, ids):
@@ -598,8 +597,15 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
             self._device_plant = plant_mod.DevicePlant(self._plant, logp.device)
         dp = self._device_plant
-        rows = dp.row_index([(tuple(r.origin_input_ids), len(r.origin_input_ids))
-                             for r in batch.reqs])  # fmt: skip
+        # a request's plant row is looked up once (hashing its prompt every round was host
+        # time a real drafter does not spend)
+        keys = self._plant_keys
+        for r in batch.reqs:
+            if r.rid not in keys:
+                if len(keys) > 4096:
+                    keys.clear()
+                keys[r.rid] = (tuple(r.origin_input_ids), len(r.origin_input_ids))
+        rows = dp.row_index([keys[r.rid] for r in batch.reqs])
         return dp.apply(rows, batch.seq_lens, roots, logp, ids)
 
     def _ddtree_round(self, batch, draft_input, on_publish):
@@ -623,7 +629,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if prof is not None:
             prof.mark(0, bs)
         with ranges("draft"):
-            drafted = self._draft_stage(batch, draft_input, bs, budget)
+            drafted = self._draft_stage(batch, draft_input, bs, budget, ranges)
         if prof is not None:
             prof.mark(1)
         with ranges("tree"):
@@ -663,13 +669,18 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 new_seq_lens=new_seq_lens,
             )
 
-    def _draft_stage(self, batch, draft_input, bs: int, budget: int) -> _Drafted:
+    def _draft_stage(self, batch, draft_input, bs: int, budget: int, ranges) -> _Drafted:
         """The drafter's per-depth top-K and the block's slots; a budget-0 round drafts
-        nothing and keeps only the slots (the drafter's KV commit needs them)."""
+        nothing and keeps only the slots (the drafter's KV commit needs them). The test-only
+        plant, when set, rewrites the top-K in its own ``ddtree.plant`` range (a real drafter
+        does not pay it: a profile can subtract it)."""
         if budget > 0:
             logp, ids, block_ids, positions_2d, cache_loc_2d = self._draft_topk(
                 batch, draft_input, bs
             )
+            if self._plant is not None:
+                with ranges("plant"):
+                    logp, ids = self._apply_plant(batch, block_ids[:, 0], logp, ids)
             return _Drafted(logp, ids, block_ids, positions_2d, cache_loc_2d)
         block_ids, positions_2d, cache_loc_2d = self._prepare_draft_block(batch, draft_input, bs)
         return _Drafted(None, None, block_ids, positions_2d, cache_loc_2d)
