@@ -216,6 +216,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._prof = self._load_profiler(budget)
         self._tracer = self._load_tracer()
         self._warm_up_tree()
+        self._warm_up_plant()
         if SIMULATE_ACC_LEN > 0:
             logger.warning("SGLANG_SIMULATE_ACC_LEN is ignored in DDTree mode (chain-only).")
         if self.ps.tp_rank == 0:
@@ -249,6 +250,21 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if is_cuda():
             torch.cuda.synchronize(self.device)
         logger.info("DDTree tree builder ready in %.2f s.", time.monotonic() - t0)
+
+    def _warm_up_plant(self):
+        """TEST-ONLY: compile the plant's Triton kernel now (float32 log-probs, int64 ids: the
+        top-K head's), not in the first planted round."""
+        if self._plant is None or not is_cuda():
+            return
+        from sglang_dflash.sglang_overlay.diagnostics import plant as plant_mod
+
+        self._device_plant = plant_mod.DevicePlant(self._plant, self.device)
+        depth, k, dev = self.ddtree.max_depth, self._topk_k, self.device
+        zeros = torch.zeros(1, dtype=torch.long, device=dev)
+        self._device_plant.apply(torch.tensor([[-1, 0]], device=dev), zeros, zeros,
+                                 torch.zeros((1, depth, k), dtype=torch.float32, device=dev),
+                                 torch.zeros((1, depth, k), dtype=torch.long, device=dev))
+        torch.cuda.synchronize(self.device)
 
     def _load_meter(self):
         """Round counters for the adaptive policy (None with a fixed budget)."""

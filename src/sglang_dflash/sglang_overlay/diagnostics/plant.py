@@ -32,6 +32,7 @@ no host sync); ``apply_plant_host`` is the same rewrite on host lists, its refer
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 from dataclasses import dataclass
@@ -210,6 +211,16 @@ def apply_plant_host(
     return logp_rows, id_rows
 
 
+@functools.cache
+def _plant_kernel():
+    """``plant_triton.apply_triton``, or None where triton cannot be imported (asked once)."""
+    try:
+        from sglang_dflash.sglang_overlay.diagnostics.plant_triton import apply_triton
+    except ImportError:
+        return None
+    return apply_triton
+
+
 class DevicePlant:
     """``apply_plant_host`` as batched tensor ops: no host sync, so planted rounds cost what a
     real drafter's would (the host version reads every ``[bs, L, K]`` row back each round, which
@@ -242,11 +253,31 @@ class DevicePlant:
             return host.pin_memory().to(self.device, non_blocking=True)
         return host.to(self.device)
 
+    def _profile(self, k: int, logp):
+        """The planted rows' ``[K]`` log-probs in logp's dtype (one upload per (K, dtype))."""
+        import torch
+
+        key = (k, logp.dtype)
+        if key not in self._profiles:
+            self._profiles[key] = torch.tensor(
+                profile_row(self.spec.logp_profile, k), dtype=logp.dtype, device=logp.device
+            )
+        return self._profiles[key]
+
     def apply(self, rows, seq_lens, roots, logp, ids):
-        """Planted ``(logp, ids)`` for ``[bs, L, K]`` inputs; ``rows`` from ``row_index``."""
+        """Planted ``(logp, ids)`` for ``[bs, L, K]`` inputs; ``rows`` from ``row_index``.
+        CUDA tensors take the one-launch Triton version (plant_triton) unless
+        ``SGLANG_DFLASH_DDTREE_IMPL=torch``; the torch ops below are its reference."""
         import torch
 
         bs, depth, k = ids.shape
+        if ids.is_cuda:
+            from sglang_dflash.ddtree.tree import use_triton
+
+            kernel = _plant_kernel() if use_triton(ids) else None
+            if kernel is not None:
+                prof = self._profile(k, logp) if self.spec.logp_profile is not None else None
+                return kernel(self, rows, seq_lens, roots, logp, ids, prof)
         plan, prompt_len = rows[:, 0], rows[:, 1]
         has = plan >= 0
         p = plan.clamp(min=0)
@@ -290,11 +321,6 @@ class DevicePlant:
         new_logp = logp
         if self.spec.logp_profile is not None:
             planted_row = ok & (base + 1 < clen)  # the host applies it when any override exists
-            key = (k, logp.dtype)
-            if key not in self._profiles:  # one upload, at the first planted round
-                self._profiles[key] = torch.tensor(
-                    profile_row(self.spec.logp_profile, k), dtype=logp.dtype, device=logp.device
-                )
-            prof = self._profiles[key]
+            prof = self._profile(k, logp)
             new_logp = torch.where(planted_row.view(bs, 1, 1), prof.view(1, 1, k), logp)
         return new_logp, out.to(ids.dtype)
