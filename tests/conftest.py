@@ -66,3 +66,13 @@ def standin_server() -> Iterator[callable]:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture
+def triton_interpret(monkeypatch):
+    """Triton kernel tests without CUDA: the interpreter reads TRITON_INTERPRET while a kernel
+    runs too (tests/ddtree/triton_env.py imports the kernel modules in that mode). Used as
+    ``pytestmark = pytest.mark.usefixtures("triton_interpret")``."""
+    from tests.ddtree.triton_env import interpret_on_cpu
+
+    interpret_on_cpu(monkeypatch)

@@ -26,17 +26,12 @@ from .triton_env import (  # noqa: E402
     CUDA,
     DEV,
     import_triton_module,
-    interpret_on_cpu,
     skip_if_triton_imported_compiled,
 )
 
 skip_if_triton_imported_compiled()
 tt = import_triton_module("sglang_dflash.ddtree.tree_triton")
-
-
-@pytest.fixture(autouse=True)
-def _interpret(monkeypatch):
-    interpret_on_cpu(monkeypatch)
+pytestmark = pytest.mark.usefixtures("triton_interpret")
 
 
 FIELDS = ("tokens", "parents", "depths", "ranks", "scores", "visibility", "retrieve_index",

@@ -28,17 +28,12 @@ from .test_walk import path_biased_predictions  # noqa: E402
 from .triton_env import (  # noqa: E402
     DEV,
     import_triton_module,
-    interpret_on_cpu,
     skip_if_triton_imported_compiled,
 )
 
 skip_if_triton_imported_compiled()
 vt = import_triton_module("sglang_dflash.ddtree.verify_triton")
-
-
-@pytest.fixture(autouse=True)
-def _interpret(monkeypatch):
-    interpret_on_cpu(monkeypatch)
+pytestmark = pytest.mark.usefixtures("triton_interpret")
 
 
 def _tree(seed, bs, depth, k, budget):

@@ -19,18 +19,13 @@ from sglang_dflash.sglang_overlay.diagnostics import plant as p  # noqa: E402
 from tests.ddtree.triton_env import (  # noqa: E402
     DEV,
     import_triton_module,
-    interpret_on_cpu,
     skip_if_triton_imported_compiled,
 )
 from tests.overlay.test_plant import _random_case  # noqa: E402
 
 skip_if_triton_imported_compiled()
 pt = import_triton_module("sglang_dflash.sglang_overlay.diagnostics.plant_triton")
-
-
-@pytest.fixture(autouse=True)
-def _interpret(monkeypatch):
-    interpret_on_cpu(monkeypatch)
+pytestmark = pytest.mark.usefixtures("triton_interpret")
 
 
 @pytest.mark.parametrize("seed", range(60))
