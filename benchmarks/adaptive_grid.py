@@ -117,14 +117,6 @@ def shape_configs(shape: str) -> tuple[dict, dict]:
     return target, draft
 
 
-def write_models(root: Path, target_cfg: dict, draft_cfg: dict) -> tuple[Path, Path]:
-    target, draft = root / "target", root / "draft"
-    for path, cfg in ((target, target_cfg), (draft, draft_cfg)):
-        path.mkdir(parents=True, exist_ok=True)
-        (path / "config.json").write_text(json.dumps(cfg, indent=1))
-    return target, draft
-
-
 def make_prompts(regimes: list[str], n: int, vocab: int, seed: int) -> dict[str, list[list[int]]]:
     """``n`` random-id prompts per regime (lengths 64..512, ids in [1000, vocab - 1000)).
 
@@ -1218,7 +1210,7 @@ def setup(args: argparse.Namespace, argv: list[str]) -> Grid:
                 "adaptive_budget": args.adaptive_budget, "vocab": target_cfg["vocab_size"]}
     earlier_results(out / "results.json", settings)  # before anything under --out changes
     opts = Opts(out=out, env=env, clock=e2e.Clock(args.time_budget_s),
-                models=write_models(out / "models", target_cfg, draft_cfg),
+                models=e2e.write_models(out / "models", target_cfg, draft_cfg),
                 backend=args.backend, port=args.port, levels=levels, regimes=regimes,
                 modes=modes, requests_per_level=args.requests_per_level,
                 start_estimate_s=args.start_estimate_s, level_estimate_s=args.level_estimate_s,

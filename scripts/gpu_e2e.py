@@ -129,9 +129,11 @@ def cli(args: list[str]) -> list[str]:
     return [sys.executable, "-m", "sglang_dflash", *args]
 
 
-def write_models(root: Path) -> tuple[Path, Path]:
+def write_models(root: Path, target_cfg: dict = TARGET_CONFIG,
+                 draft_cfg: dict = DRAFT_CONFIG) -> tuple[Path, Path]:
+    """root/target and root/draft with their config.json (dummy weights need nothing else)."""
     target, draft = root / "target", root / "draft"
-    for path, cfg in ((target, TARGET_CONFIG), (draft, DRAFT_CONFIG)):
+    for path, cfg in ((target, target_cfg), (draft, draft_cfg)):
         path.mkdir(parents=True, exist_ok=True)
         (path / "config.json").write_text(json.dumps(cfg, indent=1))
     return target, draft
@@ -739,6 +741,12 @@ def seeded_params(i: int, n: int) -> dict:
             "ignore_eos": True}
 
 
+def seeded_generate(url: str, i: int, n: int) -> dict:
+    """PLANT_PROMPTS[i] sampled with its own seed (seeded_params), n tokens: SGLang's answer."""
+    return http_json(url + "/generate", {"input_ids": PLANT_PROMPTS[i],
+                                         "sampling_params": seeded_params(i, n)})
+
+
 SEEDED_BATCH_LEVELS = (8, 32)  # besides one at a time: batch sizes where the adaptive policy
 #                               runs other candidate budgets (its schedule changes at bs 8, 32)
 
@@ -772,13 +780,9 @@ def seeded_batch(url: str, outs: list[list[int]], c: int) -> dict:
 
     idx = [i % len(PLANT_PROMPTS) for i in range(c)]
 
-    def one(i: int) -> list[int]:
-        return http_json(url + "/generate", {"input_ids": PLANT_PROMPTS[i],
-                                             "sampling_params": seeded_params(i, GEN_TOKENS)}
-                         )["output_ids"]
-
     with cf.ThreadPoolExecutor(c) as pool:
-        got = list(pool.map(one, idx))
+        got = [r["output_ids"] for r in pool.map(lambda i: seeded_generate(url, i, GEN_TOKENS),
+                                                  idx)]
     diffs = [first_diff(o, outs[i][:GEN_TOKENS]) for o, i in zip(got, idx, strict=True)]
     return {"concurrency": c, "first_diff": diffs, "identical": all(d is None for d in diffs)}
 
@@ -800,9 +804,8 @@ def step_seeded(opts: Opts, step: str) -> dict:
     greedy: list[list[int]] = []
     with running_server(opts, cfg, f"seeded-none{opts.tag}") as (url, r0):
         if r0["ready_seconds"]:
-            outs = [http_json(url + "/generate", {"input_ids": ids,
-                                                  "sampling_params": seeded_params(i, LONG_TOKENS)}
-                              )["output_ids"] for i, ids in enumerate(PLANT_PROMPTS)]
+            outs = [seeded_generate(url, i, LONG_TOKENS)["output_ids"]
+                    for i in range(len(PLANT_PROMPTS))]
             greedy = [generate(url, ids, GEN_TOKENS)["output_ids"] for ids in PLANT_PROMPTS]
     rec["none"] = r0 | {"outputs": outs, "greedy": greedy}
     if len(outs) != len(PLANT_PROMPTS):
@@ -816,9 +819,8 @@ def step_seeded(opts: Opts, step: str) -> dict:
     rows, batches = [], []
     with running_server(opts, cfg, name) as (url, r1):
         if r1["ready_seconds"]:
-            for i, ids in enumerate(PLANT_PROMPTS):
-                r = http_json(url + "/generate", {"input_ids": ids,
-                                                  "sampling_params": seeded_params(i, GEN_TOKENS)})
+            for i in range(len(PLANT_PROMPTS)):
+                r = seeded_generate(url, i, GEN_TOKENS)
                 out, ref = r["output_ids"], outs[i][:GEN_TOKENS]
                 rows.append({"identical": out == ref, "first_diff": first_diff(out, ref),
                              "accept_length": r.get("meta_info", {}).get("spec_accept_length"),

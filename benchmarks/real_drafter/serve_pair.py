@@ -120,7 +120,7 @@ def write_dummy_pair(root: Path, seed: int = 0, shape: str = "8b") -> None:
 
     import adaptive_grid  # benchmarks/ is on PYTHONPATH
 
-    adaptive_grid.write_models(root, *adaptive_grid.shape_configs(shape))
+    e2e.write_models(root, *adaptive_grid.shape_configs(shape))
     rng = random.Random(seed)
     vocab = e2e.TARGET_CONFIG["vocab_size"]
     lines = [json.dumps({"input_ids": [rng.randrange(1000, vocab - 1000)

@@ -28,10 +28,8 @@ from .test_walk import path_biased_predictions  # noqa: E402
 from .triton_env import (  # noqa: E402
     DEV,
     import_triton_module,
-    skip_if_triton_imported_compiled,
 )
 
-skip_if_triton_imported_compiled()
 vt = import_triton_module("sglang_dflash.ddtree.verify_triton")
 pytestmark = pytest.mark.usefixtures("triton_interpret")
 

@@ -31,7 +31,9 @@ def skip_if_triton_imported_compiled() -> None:
 
 
 def import_triton_module(name: str):
-    """Import ``name`` compiled (CUDA) or interpreted (CPU); SKIP without triton."""
+    """Import ``name`` compiled (CUDA) or interpreted (CPU); SKIP the calling test module
+    without triton, or when triton was loaded compiled before (no CUDA here)."""
+    skip_if_triton_imported_compiled()
     old = os.environ.get("TRITON_INTERPRET")
     first = sys.modules.get("triton") is None
     if not CUDA:

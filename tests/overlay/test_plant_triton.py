@@ -19,11 +19,9 @@ from sglang_dflash.sglang_overlay.diagnostics import plant as p  # noqa: E402
 from tests.ddtree.triton_env import (  # noqa: E402
     DEV,
     import_triton_module,
-    skip_if_triton_imported_compiled,
 )
 from tests.overlay.test_plant import _random_case  # noqa: E402
 
-skip_if_triton_imported_compiled()
 pt = import_triton_module("sglang_dflash.sglang_overlay.diagnostics.plant_triton")
 pytestmark = pytest.mark.usefixtures("triton_interpret")
 

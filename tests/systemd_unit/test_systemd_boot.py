@@ -112,9 +112,14 @@ def _instance(testdir: Path, name: str, port: int, environment: dict[str, str]) 
     (testdir / f"{name}.json").write_text(json.dumps(cfg))
 
 
-def make_testdir(t: Path, pythonpath: str) -> None:
-    """The test dir systemd sees as /srv/t: stub model dirs, a driver-lib dir, and a package
-    prefix whose bin/sglang-dflash runs this checkout's CLI with ``pythonpath``."""
+def make_testdir(tmp_path_factory, name: str, pythonpath: str) -> Path:
+    """The test dir systemd sees as /srv/t (SKIP first when systemd cannot run here): stub
+    model dirs, a driver-lib dir, and a package prefix whose bin/sglang-dflash runs this
+    checkout's CLI with ``pythonpath``."""
+    why = _why_not()
+    if why:
+        pytest.skip(why)
+    t = tmp_path_factory.mktemp(name)
     for role in ("target", "draft"):
         (t / "models" / role).mkdir(parents=True)
         (t / "models" / role / "config.json").write_text("{}")
@@ -126,6 +131,7 @@ def make_testdir(t: Path, pythonpath: str) -> None:
         f'exec {PYTHON} -m sglang_dflash.cli "$@"\n'
     )
     wrapper.chmod(0o755)
+    return t
 
 
 def boot(t: Path) -> NamespacedSystemd:
@@ -147,11 +153,7 @@ def boot(t: Path) -> NamespacedSystemd:
 
 @pytest.fixture(scope="module")
 def systemd(tmp_path_factory):
-    why = _why_not()
-    if why:
-        pytest.skip(why)
-    t = tmp_path_factory.mktemp("systemd")
-    make_testdir(t, "/srv/repo/tests/standin:/srv/repo/src")
+    t = make_testdir(tmp_path_factory, "systemd", "/srv/repo/tests/standin:/srv/repo/src")
     _instance(t, "ok", 30611, {"STANDIN_SELFKILL_ON_TERM": "1", "STANDIN_TOKEN_DELAY": "0"})
     _instance(t, "crash", 30612, {"STANDIN_CRASH_BEFORE_READY": "7"})
     sd = boot(t)

@@ -40,7 +40,6 @@ from tests.systemd_unit.test_systemd_boot import (
     PYTHON,
     REPO,
     NamespacedSystemd,
-    _why_not,
     boot,
     make_testdir,
 )
@@ -141,11 +140,8 @@ CLI = f"PYTHONPATH=/srv/repo/src {PYTHON} -m sglang_dflash.cli unit --package-pa
 
 @pytest.fixture(scope="module")
 def systemd(tmp_path_factory):
-    why = _why_not()
-    if why:
-        pytest.skip(why)
-    t = tmp_path_factory.mktemp("systemd-rl")
-    make_testdir(t, "/srv/repo/tests/standin:/srv/repo/src:/srv/t/site")
+    t = make_testdir(tmp_path_factory, "systemd-rl",
+                     "/srv/repo/tests/standin:/srv/repo/src:/srv/t/site")
     (t / "site").mkdir()
     copy_distributions([m for m in ("smg", "huggingface_hub") if _have(m)], t / "site")
     (t / "repos.json").write_text(json.dumps(REPOS))

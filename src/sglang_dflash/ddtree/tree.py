@@ -30,6 +30,7 @@ bit); ``build_tree_torch`` stays the reference and the CPU path.
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 from dataclasses import dataclass
 
@@ -96,24 +97,19 @@ def use_triton(t: torch.Tensor) -> bool:
 
 
 @functools.cache
+def triton_module(name: str):
+    """The Triton kernel module ``name`` (dotted), or None where triton cannot be imported.
+    Asked once per module: a failed import is not cached by Python and would be retried on
+    every call of a hot path."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
 def verify_kernels():
-    """The ``verify_triton`` module, or None where triton cannot be imported (asked once)."""
-    try:
-        from . import verify_triton
-    except ImportError:
-        return None
-    return verify_triton
-
-
-@functools.cache
-def _triton_builder():
-    """``tree_triton.build_tree_triton``, or None where triton cannot be imported (asked once:
-    a failed import is not cached by Python and would be retried on every build)."""
-    try:
-        from .tree_triton import build_tree_triton
-    except ImportError:
-        return None
-    return build_tree_triton
+    """``verify_triton`` (the fused verify mask and accept tail), or None without triton."""
+    return triton_module("sglang_dflash.ddtree.verify_triton")
 
 
 def build_tree(
@@ -133,9 +129,9 @@ def build_tree(
     torch path. Both give bit-identical trees.
     """
     if use_triton(logp):
-        triton_build = _triton_builder()
-        if triton_build is not None:
-            return triton_build(logp, ids, root_tokens, seq_lens, budget)
+        kernel = triton_module("sglang_dflash.ddtree.tree_triton")
+        if kernel is not None:
+            return kernel.build_tree_triton(logp, ids, root_tokens, seq_lens, budget)
     return build_tree_torch(logp, ids, root_tokens, seq_lens, budget)
 
 

@@ -32,7 +32,6 @@ no host sync); ``apply_plant_host`` is the same rewrite on host lists, its refer
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 from dataclasses import dataclass
@@ -211,16 +210,6 @@ def apply_plant_host(
     return logp_rows, id_rows
 
 
-@functools.cache
-def _plant_kernel():
-    """``plant_triton.apply_triton``, or None where triton cannot be imported (asked once)."""
-    try:
-        from sglang_dflash.sglang_overlay.diagnostics.plant_triton import apply_triton
-    except ImportError:
-        return None
-    return apply_triton
-
-
 class DevicePlant:
     """``apply_plant_host`` as batched tensor ops: no host sync, so planted rounds cost what a
     real drafter's would (the host version reads every ``[bs, L, K]`` row back each round, which
@@ -270,14 +259,14 @@ class DevicePlant:
         ``SGLANG_DFLASH_DDTREE_IMPL=torch``; the torch ops below are its reference."""
         import torch
 
-        bs, depth, k = ids.shape
-        if ids.is_cuda:
-            from sglang_dflash.ddtree.tree import use_triton
+        from sglang_dflash.ddtree.tree import triton_module, use_triton
 
-            kernel = _plant_kernel() if use_triton(ids) else None
-            if kernel is not None:
-                prof = self._profile(k, logp) if self.spec.logp_profile is not None else None
-                return kernel(self, rows, seq_lens, roots, logp, ids, prof)
+        bs, depth, k = ids.shape
+        kernel = (triton_module("sglang_dflash.sglang_overlay.diagnostics.plant_triton")
+                  if use_triton(ids) else None)
+        if kernel is not None:
+            prof = self._profile(k, logp) if self.spec.logp_profile is not None else None
+            return kernel.apply_triton(self, rows, seq_lens, roots, logp, ids, prof)
         plan, prompt_len = rows[:, 0], rows[:, 1]
         has = plan >= 0
         p = plan.clamp(min=0)
