@@ -150,7 +150,7 @@ def main(model: str, draft: str) -> dict:
             "target_unset": with_env(None, lambda: dummy(False, 32)),
         }
 
-        def graph_info(is_draft):
+        def graph_info(is_draft, width=None):
             runner = object.__new__(DecodeCudaGraphRunner)
             runner.model_runner = SimpleNamespace(
                 spec_algorithm=algo,
@@ -159,7 +159,7 @@ def main(model: str, draft: str) -> dict:
                 attn_backend=type("FlashInferAttnBackend", (), {})(),
             )
             runner.buffers = SimpleNamespace(custom_mask=buf)
-            runner.captured_req_width = 16 if is_draft else 32
+            runner.captured_req_width = width or (16 if is_draft else 32)
             runner._capture_ragged_verify_layout = lambda n: None
             info = runner.get_spec_info(runner.captured_req_width)
             return [info.draft_token_num, info.custom_mask is buf]
@@ -168,7 +168,33 @@ def main(model: str, draft: str) -> dict:
             "target": graph_info(False),
             "draft": graph_info(True),
             "target_unset": with_env(None, lambda: graph_info(False)),
+            "target_width1": graph_info(False, 1),  # the no-draft verify: causal, no mask
         }
+
+    # --- which KV pools the one-launch compaction takes (the rest keep SGLang's move) -----
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, PageMajorMHATokenToKVPool
+
+    from sglang_dflash.sglang_overlay.worker import compaction_pool
+
+    def pool(cls=MHATokenToKVPool, **over):
+        p = object.__new__(cls)
+        fields = {"use_hnd": False, "use_native_move_kv_cache": False, "layer_num": 4,
+                  "_kv_copy_config": {"bytes_per_tile": 128, "byte_tiles": 2},
+                  "data_ptrs": object(), "data_strides": object()}
+        for k, v in {**fields, **over}.items():
+            setattr(p, k, v)
+        return compaction_pool(p) is p
+
+    class OwnMove(MHATokenToKVPool):
+        def move_kv_cache(self, tgt_loc, src_loc):
+            return None
+
+    out["compaction_pool"] = {
+        "mha": pool(), "hnd": pool(use_hnd=True), "native": pool(use_native_move_kv_cache=True),
+        "no_config": pool(_kv_copy_config=None), "no_layers": pool(layer_num=0),
+        "page_major": pool(PageMajorMHATokenToKVPool), "own_move": pool(OwnMove),
+        "not_a_pool": compaction_pool(object()) is not None,
+    }
 
     # --- the DDTree verify input as the attention backends see it ------------------------
     out["verify_input"] = None

@@ -211,8 +211,18 @@ def test_cuda_graph_inputs_carry_mask_for_target_only(probes):
     assert on["dummy_verify"]["draft"] == ["DFlashVerifyInput", 16, 16, False]
     assert on["graph_spec_info"]["target"] == [32, True]
     assert on["graph_spec_info"]["draft"] == [16, False]
+    assert on["graph_spec_info"]["target_width1"] == [1, False]
     off = probes["off"]
     assert off["graph_spec_info"]["target"] == [32, False]  # stock FlashInfer: no mask
+
+
+def test_fused_kv_compaction_only_for_the_stock_mha_pool(probes):
+    """The one-launch compaction addresses MHATokenToKVPool's buffers as its tiled copy does;
+    a pool that moves otherwise (page-major, HND, native move, its own move_kv_cache, no
+    copy config) keeps SGLang's move_accept_tokens path."""
+    assert probes["on"]["compaction_pool"] == {
+        "mha": True, "hnd": False, "native": False, "no_config": False, "no_layers": False,
+        "page_major": False, "own_move": False, "not_a_pool": False}
 
 
 def test_grammar_requests_rejected_others_unchanged(probes):

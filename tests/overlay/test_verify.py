@@ -99,6 +99,30 @@ def _choice_along(tree, b, path_len, wrong=7):
     return choice
 
 
+def test_root_only_verify_is_causal_no_mask():
+    """A width-1 verify (the no-draft round) carries no mask: its one query sees its prefix and
+    itself, which is the causal mask; tokens and positions are the root's."""
+    seq = torch.tensor([5, 9])
+    rr = v.RootRound(2, 3, "cpu")
+    tree = rr.tree(torch.tensor([7, 8]), seq)
+    vt = v.build_verify_tensors(tree, seq, int(seq.sum()) + 2, masked=False)
+    assert vt.custom_mask is None
+    assert vt.tokens.tolist() == [7, 8] and vt.positions.tolist() == [5, 9]
+    masked = v.build_verify_tensors(tree, seq, int(seq.sum()), masked=True)
+    assert masked.custom_mask is not None and bool(masked.custom_mask.all())  # all visible
+
+
+def test_verify_slots_are_the_draft_blocks_first_columns():
+    """Both start at each request's prefix: width <= B reads the block's slots (a view at
+    width = B, as DFLASH's verify), a wider verify needs its own lookup (None)."""
+    block = torch.arange(2 * 16).view(2, 16) + 100
+    same = v.verify_slots(block, 16)
+    assert same.data_ptr() == block.data_ptr() and same.tolist() == block.reshape(-1).tolist()
+    assert v.verify_slots(block, 5).tolist() == block[:, :5].reshape(-1).tolist()
+    assert v.verify_slots(block, 1).tolist() == [100, 116]
+    assert v.verify_slots(block, 17) is None
+
+
 @pytest.mark.parametrize("lens", [(0, 0), (1, 3), (3, 2), (2, 0)])
 def test_kernel_contract_and_torch_walk_agree(lens):
     tree, _ = _tree()

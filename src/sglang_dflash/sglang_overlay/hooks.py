@@ -151,7 +151,9 @@ def dummy_verify(
 
 
 def graph_spec_info(original, self, num_tokens):
-    """Target verify graphs must be captured with a custom-mask buffer (FlashInfer, Triton)."""
+    """Target verify graphs must be captured with a custom-mask buffer (FlashInfer, Triton),
+    except at width 1: the adaptive policy's no-draft verify is causal (one query, its prefix
+    and itself), so its graphs are captured as stock DFLASH captures them, without a mask."""
     info = original(self, num_tokens)
     runner = self.model_runner
     if (
@@ -159,6 +161,7 @@ def graph_spec_info(original, self, num_tokens):
         and _active()
         and runner.spec_algorithm.is_dflash()
         and not runner.is_draft_worker
+        and int(getattr(self, "captured_req_width", 0) or 0) != 1
     ):
         info.custom_mask = self.buffers.custom_mask
     return info

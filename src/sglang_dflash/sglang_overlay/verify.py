@@ -24,19 +24,33 @@ class VerifyTensors(NamedTuple):
 
     tokens: torch.Tensor  # [bs*W] int64, node 0 of each request = its bonus token
     positions: torch.Tensor  # [bs*W] int64, prefix + depth
-    custom_mask: torch.Tensor  # flat bool FULL_MASK
+    custom_mask: torch.Tensor | None  # flat bool FULL_MASK; None = causal (width 1)
 
 
-def build_verify_tensors(tree: DDTree, prefix_lens: torch.Tensor, host_seq_lens_sum: int):
+def build_verify_tensors(tree: DDTree, prefix_lens: torch.Tensor, host_seq_lens_sum: int,
+                         masked: bool = True):
     """Verify inputs for ``tree``; the mask is sized from the host upper bound of the prefixes.
+
+    ``masked=False`` (a root-only tree, width 1) leaves the mask out: one query that sees its
+    prefix and itself is exactly the causal mask.
 
     SGLang's backends index the FULL_MASK with the device ``seq_lens`` (the committed prefixes)
     and size buffers from the host ``seq_lens_sum``, which overlap scheduling only knows as an
     upper bound. Sizing from that bound avoids a host sync; the unused tail stays True, which
     is how SGLang pads masks for CUDA graphs.
     """
-    mask = full_mask(tree, prefix_lens, seq_lens_sum=int(host_seq_lens_sum))
+    mask = full_mask(tree, prefix_lens, seq_lens_sum=int(host_seq_lens_sum)) if masked else None
     return VerifyTensors(tree.tokens.reshape(-1), tree.positions.reshape(-1), mask)
+
+
+def verify_slots(block_slots: torch.Tensor, width: int) -> torch.Tensor | None:
+    """The verify's KV slots ``[bs*width]`` from the draft block's ``[bs, B]`` (both start at
+    each request's prefix), or None when the verify is wider than the block."""
+    if width > block_slots.shape[1]:
+        return None
+    if width == block_slots.shape[1]:
+        return block_slots.reshape(-1)
+    return block_slots[:, :width].reshape(-1)
 
 
 class Acceptance(NamedTuple):

@@ -49,7 +49,13 @@ from sglang.srt.speculative.spec_utils import (
 )
 from sglang.srt.utils import is_cuda, is_hip
 
-from sglang_dflash.ddtree.tree import build_tree, verify_kernels, warm_up_inputs
+from sglang_dflash.ddtree.tree import (
+    build_tree,
+    triton_module,
+    use_triton,
+    verify_kernels,
+    warm_up_inputs,
+)
 from sglang_dflash.sglang_overlay import adaptive as adaptive_mod
 from sglang_dflash.sglang_overlay import policy as policy_mod
 from sglang_dflash.sglang_overlay import settings
@@ -63,6 +69,7 @@ from sglang_dflash.sglang_overlay.verify import (
     per_node_targets,
     seeded_node_targets,
     use_fused_renorm,
+    verify_slots,
     warm_up_renorm,
 )
 
@@ -107,6 +114,31 @@ def _renorm_kernels(sampling_backend, device):
         return None
     logger.info("DDTree T>0 renorm kernels ready in %.1f s.", time.monotonic() - t0)
     return renorm
+
+
+def compaction_pool(pool):
+    """``pool`` when its KV move is ``MHATokenToKVPool``'s own tiled copy (base pointers and
+    bytes per slot: what ``kv_compact_triton`` addresses), else None (SGLang's move then).
+
+    A subclass that moves differently (page-major, scale buffers by hand, MLA, hybrid pools),
+    the HND layout and SGLANG_NATIVE_MOVE_KV_CACHE all keep SGLang's path."""
+    try:
+        from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+    except ImportError:
+        return None
+    cls = type(pool)
+    if (
+        not isinstance(pool, MHATokenToKVPool)
+        or cls.move_kv_cache is not MHATokenToKVPool.move_kv_cache
+        or cls._move_kv_cache_impl is not MHATokenToKVPool._move_kv_cache_impl
+        or getattr(pool, "use_hnd", True)
+        or getattr(pool, "use_native_move_kv_cache", True)
+        or getattr(pool, "_kv_copy_config", None) is None
+        or not getattr(pool, "layer_num", 0)
+        or getattr(pool, "data_ptrs", None) is None
+    ):
+        return None
+    return pool
 
 
 def _timing_event_factory():
@@ -210,6 +242,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._active_budget = budget
         self._policy_rounds = 0
         self._seen_rids: set = set()  # requests a top-budget round has measured
+        self._compaction_pool = compaction_pool(
+            self.model_runner.token_to_kv_pool_allocator.get_kvcache())
         self._plant = self._load_plant()
         self._device_plant = None  # built at the first planted round, on the draft's device
         self._plant_keys: dict = {}  # rid -> (prompt ids, prompt length), for the plant
@@ -247,9 +281,30 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 build_tree(*warm_up_inputs(self.ddtree.max_depth, self._topk_k, self.device), n)
                 if kernels is not None:  # the verify mask and accept tail at this width
                     kernels.warm_up(n + 1, self.ddtree.max_depth, self.device)
+        self._warm_up_compaction()
         if is_cuda():
             torch.cuda.synchronize(self.device)
         logger.info("DDTree tree builder ready in %.2f s.", time.monotonic() - t0)
+
+    def _warm_up_compaction(self):
+        """Compile the KV compaction kernel now: a one-request batch whose only accepted node
+        is the root, which moves nothing (slot 0, the pool's padding slot, is all it reads)."""
+        pool = self._compaction_pool
+        if pool is None or not is_cuda():
+            return
+        kernel = triton_module("sglang_dflash.ddtree.kv_compact_triton")
+        if kernel is None or not use_triton(pool.data_ptrs):
+            return
+        dev = self.device
+        idx = torch.full((1, self.ddtree.max_depth + 1), -1, dtype=torch.int32, device=dev)
+        idx[:, 0] = 0
+        zeros = torch.zeros(1, dtype=torch.long, device=dev)
+        kernel.compact_triton(
+            pool.data_ptrs, pool.data_strides, pool._kv_copy_config,
+            torch.zeros(self.ddtree.verify_width, dtype=torch.long, device=dev),
+            self.model_runner.req_to_token_pool.req_to_token, zeros, zeros, idx,
+            torch.zeros(1, dtype=torch.int32, device=dev), self.ddtree.verify_width,
+        )
 
     def _warm_up_plant(self):
         """TEST-ONLY: compile the plant's Triton kernel now (float32 log-probs, int64 ids: the
@@ -652,7 +707,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             tree = self._tree_stage(batch, drafted, bs, budget)
         if prof is not None:
             prof.mark(2)
-        target_out, vt = self._verify_stage(batch, draft_input, tree, bs, width, prof, ranges)
+        target_out, vt = self._verify_stage(batch, draft_input, tree, drafted, bs, width, prof,
+                                            ranges)
         if prof is not None:
             prof.mark(4)
         cands = self._counted_budgets(key, budget) if meter is not None else None
@@ -708,10 +764,11 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             return build_tree(drafted.logp, drafted.ids, roots, batch.seq_lens, budget)
         return self._root_round(bs).tree(roots, batch.seq_lens)
 
-    def _verify_stage(self, batch, draft_input, tree, bs: int, width: int, prof, ranges):
+    def _verify_stage(self, batch, draft_input, tree, drafted: _Drafted, bs: int, width: int,
+                      prof, ranges):
         """Verify inputs (slots, mask, positions) and the target's forward over the tree."""
         with ranges("verify_prep"):
-            verify_fb, vt = self._verify_inputs(batch, draft_input, tree, bs, width)
+            verify_fb, vt = self._verify_inputs(batch, draft_input, tree, drafted, bs, width)
         if prof is not None:
             prof.mark(3)
         with ranges("verify_forward"):
@@ -727,18 +784,26 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 )
         return target_out, vt
 
-    def _verify_inputs(self, batch, draft_input, tree, bs: int, width: int):
-        """(the verify ForwardBatch, the verify tensors): slots, tree mask, positions."""
+    def _verify_inputs(self, batch, draft_input, tree, drafted: _Drafted, bs: int, width: int):
+        """(the verify ForwardBatch, the verify tensors): slots, tree mask, positions.
+
+        The verify's slots are ``req_to_token[prefix .. prefix+width)``; the draft block
+        already looked up ``prefix .. prefix+B)``, so for width <= B they are its first
+        columns (a view at width = B, as DFLASH's verify uses its block's). A width-1
+        (no-draft) verify is causal: it runs without a mask, on graphs captured without one
+        (``hooks.graph_spec_info``), as DFLASH's verify does."""
         prefix_lens = batch.seq_lens
-        verify_loc = assign_extend_cache_locs_func(
-            req_pool_indices=batch.req_pool_indices,
-            req_to_token=self.model_runner.req_to_token_pool.req_to_token,
-            start_offset=prefix_lens,
-            end_offset=prefix_lens + width,
-            batch_size=bs,
-            draft_token_num=width,
-            device=self.device,
-        )
+        verify_loc = verify_slots(drafted.cache_loc_2d, width)
+        if verify_loc is None:
+            verify_loc = assign_extend_cache_locs_func(
+                req_pool_indices=batch.req_pool_indices,
+                req_to_token=self.model_runner.req_to_token_pool.req_to_token,
+                start_offset=prefix_lens,
+                end_offset=prefix_lens + width,
+                batch_size=bs,
+                draft_token_num=width,
+                device=self.device,
+            )
         seq_lens_cpu_backup, seq_lens_sum_backup = batch.seq_lens_cpu, batch.seq_lens_sum
         # Host bound of the device prefixes: committed (lagging one step) + one round's growth.
         if seq_lens_cpu_backup is not None:
@@ -754,7 +819,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         # Every prefix is below the context length, so cap the mask there: the Triton backend
         # copies it into a buffer sized max_bs * W * (context_len + W).
         mask_sum = min(host_sum, bs * int(self.model_runner.model_config.context_len))
-        vt = build_verify_tensors(tree, prefix_lens, mask_sum)
+        vt = build_verify_tensors(tree, prefix_lens, mask_sum, masked=width > 1)
         verify_input = DDTreeVerifyInput(
             draft_token=vt.tokens,
             positions=vt.positions,
@@ -807,13 +872,31 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             # req_to_token[prefix] (verify_loc): the compaction would copy it onto itself.
             return self._root_round(bs).accept(choice)
         acc = greedy_accept(tree, choice, kernel=self._verify_kernel, budgets=counted)
+        self._compact_kv(batch, acc, width)
+        return acc
+
+    def _compact_kv(self, batch, acc, width: int) -> None:
+        """The accepted nodes' target KV to ``prefix .. prefix+accept_len``: one Triton launch
+        that skips nodes already in place (``kv_compact_triton``) where the pool is
+        ``MHATokenToKVPool``'s layout and the walk gave int32 outputs; SGLang's
+        ``move_accept_tokens_to_target_kvcache`` otherwise."""
+        pool = self._compaction_pool
+        kernel = (triton_module("sglang_dflash.ddtree.kv_compact_triton")
+                  if pool is not None and acc.index_i32 is not None
+                  and use_triton(acc.index_i32) else None)
+        if kernel is not None:
+            kernel.compact_triton(
+                pool.data_ptrs, pool.data_strides, pool._kv_copy_config, batch.out_cache_loc,
+                self.model_runner.req_to_token_pool.req_to_token, batch.req_pool_indices,
+                batch.seq_lens, acc.index_i32, acc.len_i32, width,
+            )
+            return
         move_accept_tokens_to_target_kvcache(
             batch,
             acc.index_i32 if acc.index_i32 is not None else acc.accept_index.to(torch.int32),
             acc.len_i32 if acc.len_i32 is not None else acc.accept_len.to(torch.int32),
             self.model_runner.token_to_kv_pool_allocator,
         )
-        return acc
 
     def _commit_stage(self, logits_output, acc, drafted: _Drafted, bs: int, budget: int):
         """The drafter's KV for the committed tokens, from the target's hidden states along
