@@ -10,9 +10,29 @@ from __future__ import annotations
 
 import torch
 
+from sglang_dflash.ddtree.tree import triton_module, use_triton
+
+# rows from which the fused logsumexp is used (one Triton program per row: fewer rows leave
+# most SMs idle, and a small batch is not bandwidth-bound)
+FUSED_LSE_MIN_ROWS = 64
+
+
+def _fused_lse(logits: torch.Tensor) -> bool:
+    return logits.dim() == 2 and logits.shape[0] >= FUSED_LSE_MIN_ROWS and use_triton(logits)
+
 
 def topk_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-``k`` log-softmax values (float32, sorted descending) and their int64 ids."""
+    """Top-``k`` log-softmax values (float32, sorted descending) and their int64 ids.
+
+    Half-precision CUDA logits of at least ``FUSED_LSE_MIN_ROWS`` rows skip the
+    float32 copy: the logsumexp is one Triton pass with float32 accumulation and the top-K
+    runs on the logits themselves (their values are exactly the copy's).
+    """
+    if logits.dtype in (torch.bfloat16, torch.float16) and _fused_lse(logits):
+        kernel = triton_module("sglang_dflash.ddtree.topk_triton")
+        if kernel is not None:
+            vals, ids = torch.topk(logits, k, dim=-1, largest=True, sorted=True)
+            return vals.float() - kernel.row_logsumexp(logits), ids.long()
     x = logits.float()
     lse = torch.logsumexp(x, dim=-1, keepdim=True)
     vals, ids = torch.topk(x, k, dim=-1, largest=True, sorted=True)

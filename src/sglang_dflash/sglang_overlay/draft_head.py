@@ -11,7 +11,12 @@ from __future__ import annotations
 
 import torch
 
-from sglang_dflash.ddtree.topk import merge_tp_topk, shard_topk, topk_logprobs
+from sglang_dflash.ddtree.topk import (
+    FUSED_LSE_MIN_ROWS,
+    merge_tp_topk,
+    shard_topk,
+    topk_logprobs,
+)
 
 
 def draft_topk(
@@ -70,6 +75,11 @@ class DraftTopKHead:
         dev = weight.device
         self.logp = torch.empty((rows, self.k), dtype=torch.float32, device=dev)
         self.ids = torch.empty((rows, self.k), dtype=torch.int64, device=dev)
+        if tp_group is None and dev.type == "cuda":
+            # compile the fused logsumexp (topk.topk_logprobs, batches of >= 64 rows) now,
+            # eagerly: its first launch must not fall inside a CUDA-graph capture
+            topk_logprobs(torch.zeros((FUSED_LSE_MIN_ROWS, self.num_org), dtype=weight.dtype,
+                                      device=dev), min(self.k, self.num_org))
 
     def __call__(self, hidden_states: torch.Tensor, input_ids=None) -> None:
         del input_ids
