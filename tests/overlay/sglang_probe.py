@@ -105,6 +105,12 @@ def main(model: str, draft: str) -> dict:
         s, err = server_args(model, draft)
         out[f"args_{label}"] = {"widths": widths(s), "error": err}
     os.environ.pop("SGLANG_DFLASH_DDTREE_POLICY")
+    os.environ["SGLANG_DFLASH_DDTREE_NODRAFT_STEPS"] = "0"
+    try:
+        s, err = server_args(model, draft)
+    finally:
+        del os.environ["SGLANG_DFLASH_DDTREE_NODRAFT_STEPS"]
+    out["args_bad_nodraft"] = {"widths": widths(s), "error": err}
     os.environ["SGLANG_DFLASH_DDTREE_PLANT"] = os.path.join(model, "no-such-plant.json")
     try:
         s, err = server_args(model, draft)

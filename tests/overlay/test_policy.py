@@ -197,3 +197,29 @@ def test_fresh_share_and_gap():
     assert [pol.choose(1, fresh=1.0).budget for _ in range(6)] == [0, 0, 0, 0, 15, 0]
     s.since_probe = 10
     assert pol.choose(1, fresh=0.2).budget == 0  # under a quarter of the batch is new
+
+
+def test_multi_step_fallback_counts_its_tokens():
+    """A no-draft round of k decode steps commits k tokens at about k forwards' cost: the
+    policy values budget 0 at k tokens a round (not 1), so with a modest drafter at bs 1 it
+    falls back when k steps earn more per ms than the tree, and keeps the tree otherwise."""
+    step, fixed = 3.6, 2.3  # ms: one forward, and a round's fixed cost (H200, 4B shape)
+    multi = lambda k: (lambda n: fixed + (k * step if n == 0 else step + 0.9))  # noqa: E731
+    accept = lambda n: 1.0 if n == 0 else 1.6  # noqa: E731
+    single = AdaptivePolicy(auto_schedule(15), nodraft_tokens=1)
+    ran1 = simulate(single, 1, accept=accept, cost=multi(1), rounds=600)
+    assert collections.Counter(ran1[200:]).most_common(1)[0][0] > 0  # 1.6/6.8 > 1/5.9
+    eight = AdaptivePolicy(auto_schedule(15), nodraft_tokens=8)
+    assert eight.slot(1).accept[0] == 8.0
+    ran8 = simulate(eight, 1, accept=accept, cost=multi(8), rounds=600)
+    assert collections.Counter(ran8[200:]).most_common(1)[0][0] == 0  # 8/31.1 > 1.6/6.8
+
+
+def test_nodraft_steps_setting():
+    env = settings.NODRAFT_STEPS_ENV
+    assert settings.nodraft_steps_from_env(16, {}) == settings.DEFAULT_NODRAFT_STEPS
+    assert settings.nodraft_steps_from_env(16, {env: "3"}) == 3
+    assert settings.nodraft_steps_from_env(4, {env: "12"}) == 4  # capped by the draft width
+    for bad, needle in (("x", "not an integer"), ("0", "outside 1..64"), ("65", "outside")):
+        with pytest.raises(settings.DDTreeConfigError, match=needle):
+            settings.nodraft_steps_from_env(16, {env: bad})

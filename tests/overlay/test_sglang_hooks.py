@@ -203,6 +203,9 @@ def test_invalid_policy_fails_in_the_launcher_with_one_line(probes):
                     "expected 'fixed'")
     assert probes["on"]["args_adaptive"]["widths"] == [32, 16]  # N+1 stays the largest width
     assert probes["off"]["args_bad_policy"]["error"] is None  # no budget: the hook is a no-op
+    _one_line_error(probes["on"]["args_bad_nodraft"], "SGLANG_DFLASH_DDTREE_NODRAFT_STEPS",
+                    "outside 1..64")
+    assert probes["off"]["args_bad_nodraft"]["error"] is None
 
 
 def test_cuda_graph_inputs_carry_mask_for_target_only(probes):

@@ -121,6 +121,8 @@ def test_verify_slots_are_the_draft_blocks_first_columns():
     assert v.verify_slots(block, 5).tolist() == block[:, :5].reshape(-1).tolist()
     assert v.verify_slots(block, 1).tolist() == [100, 116]
     assert v.verify_slots(block, 17) is None
+    column = v.verify_slots(block[:, 3:4], 1)  # a no-draft round's step j: column j
+    assert column.is_contiguous() and column.tolist() == [103, 119]
 
 
 @pytest.mark.parametrize("lens", [(0, 0), (1, 3), (3, 2), (2, 0)])

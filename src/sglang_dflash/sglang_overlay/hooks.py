@@ -76,6 +76,7 @@ def handle_dflash(original, server_args):
     if reason is not None:
         raise settings.DDTreeConfigError(reason)
     settings.policy_from_env(budget)  # a bad policy fails here, in the launcher
+    settings.nodraft_steps_from_env(1)  # and a bad no-draft step count
     plant_path = os.environ.get(settings.PLANT_ENV, "").strip()
     if plant_path:
         from sglang_dflash.sglang_overlay.diagnostics.plant import load_plant

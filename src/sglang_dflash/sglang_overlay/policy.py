@@ -245,8 +245,12 @@ class AdaptivePolicy:
         cost_samples: int = 3,
         fresh_probe: float = 0.25,
         fresh_gap: int = 4,
+        nodraft_tokens: int = 1,
     ):
         self.schedule = schedule
+        # tokens a no-draft round commits per request (its decode steps: the worker's
+        # nodraft_steps), known exactly, so budget 0's accept length is not measured
+        self.nodraft_tokens = float(nodraft_tokens)
         self.alpha = alpha
         self.probe_min = probe_min
         self.probe_max = probe_max
@@ -262,7 +266,7 @@ class AdaptivePolicy:
         if s is None:
             cands = self.schedule.candidates(padded_bs)
             s = Slot(candidates=cands, current=cands[-1], probe_every=self.probe_min)
-            s.accept[0] = 1.0
+            s.accept[0] = self.nodraft_tokens
             self.slots[padded_bs] = s
         return s
 

@@ -19,6 +19,8 @@ BUDGET_ENV = "SGLANG_DFLASH_DDTREE_BUDGET"
 POLICY_ENV = "SGLANG_DFLASH_DDTREE_POLICY"
 # ``torch``: the torch tree builder on CUDA too (default ``auto``: the Triton kernel there).
 IMPL_ENV = "SGLANG_DFLASH_DDTREE_IMPL"
+# Decode steps in one no-draft round of the adaptive policy (1 = a single step, the old round).
+NODRAFT_STEPS_ENV = "SGLANG_DFLASH_DDTREE_NODRAFT_STEPS"
 # Test-only and diagnostic switches (sglang_overlay/diagnostics/): a plant file, a per-round
 # profile file and its window, a first-round trace directory and its batch-size count.
 PLANT_ENV = "SGLANG_DFLASH_DDTREE_PLANT"
@@ -104,6 +106,38 @@ def policy_from_env(budget: int, environ: Mapping[str, str] | None = None):
         return policy.parse_policy(env.get(POLICY_ENV), budget, POLICY_ENV)
     except policy.PolicyError as exc:
         raise DDTreeConfigError(str(exc)) from None
+
+
+# A no-draft round runs this many plain decode steps, so SGLang's per-round speculative
+# bookkeeping (~2 ms on the H200, docs/gpu-results.md §20) is paid once per 8 tokens, not per
+# token. Capped by the draft width (the round's KV slots and the drafter's block).
+DEFAULT_NODRAFT_STEPS = 8
+MAX_NODRAFT_STEPS = 64
+
+
+def parse_nodraft_steps(raw: str | None) -> int:
+    """``SGLANG_DFLASH_DDTREE_NODRAFT_STEPS``: 1..64, default 8; else a one-line error."""
+    if raw is None or not raw.strip():
+        return DEFAULT_NODRAFT_STEPS
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise DDTreeConfigError(
+            f"{NODRAFT_STEPS_ENV}={raw!r} is not an integer; set 1..{MAX_NODRAFT_STEPS} "
+            f"(decode steps per no-draft round, default {DEFAULT_NODRAFT_STEPS})"
+        ) from None
+    if not 1 <= value <= MAX_NODRAFT_STEPS:
+        raise DDTreeConfigError(
+            f"{NODRAFT_STEPS_ENV}={value} is outside 1..{MAX_NODRAFT_STEPS} (decode steps per "
+            "no-draft round)"
+        )
+    return value
+
+
+def nodraft_steps_from_env(draft_width: int, environ: Mapping[str, str] | None = None) -> int:
+    """Decode steps per no-draft round: the setting, capped by the draft width."""
+    env = os.environ if environ is None else environ
+    return max(1, min(parse_nodraft_steps(env.get(NODRAFT_STEPS_ENV)), int(draft_width)))
 
 
 def is_requested(environ: Mapping[str, str] | None = None) -> bool:

@@ -48,9 +48,8 @@ def verify_slots(block_slots: torch.Tensor, width: int) -> torch.Tensor | None:
     each request's prefix), or None when the verify is wider than the block."""
     if width > block_slots.shape[1]:
         return None
-    if width == block_slots.shape[1]:
-        return block_slots.reshape(-1)
-    return block_slots[:, :width].reshape(-1)
+    # contiguous: kernels read the slots by pointer (a view of the whole block stays a view)
+    return block_slots[:, :width].reshape(-1).contiguous()
 
 
 class Acceptance(NamedTuple):

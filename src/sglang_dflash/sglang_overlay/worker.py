@@ -229,8 +229,13 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._policy_spec = settings.policy_from_env(budget)
         self._policy = None
         self._budgets: tuple[int, ...] = (budget,)
+        # a no-draft round's decode steps (adaptive policy only: a fixed budget never falls
+        # back); the policy counts them as budget 0's accept length
+        self._nodraft_steps = settings.nodraft_steps_from_env(self.ddtree.draft_width)
+        self._nodraft_commit: dict[int, Any] = {}
         if self._policy_spec.adaptive:
-            self._policy = policy_mod.AdaptivePolicy(self._policy_spec.schedule)
+            self._policy = policy_mod.AdaptivePolicy(self._policy_spec.schedule,
+                                                     nodraft_tokens=self._nodraft_steps)
             self._budgets = self._policy_spec.schedule.budgets()
         # budget -> (target attention backend, target CUDA-graph runner); filled in
         # init_cuda_graphs. The server's own pair (width N+1) is the largest budget's.
@@ -534,6 +539,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         """The policy and what each batch size has learnt (logged; read by diagnostics)."""
         out = {"policy": self._policy_spec.describe(), "budget": self.ddtree.budget}
         if self._policy is not None:
+            out["nodraft_steps"] = self._nodraft_steps
             out["slots"] = self._policy.summary()
             out["dropped_rounds"] = self._meter.dropped
         return out
@@ -692,6 +698,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         bs = len(batch.seq_lens)
         with ranges("choose"):
             budget, key = self._choose_budget(batch, bs)
+        if budget == 0 and self._nodraft_steps > 1:
+            return self._nodraft_round(batch, draft_input, on_publish, ranges, key, bs)
         width = budget + 1
         prefix_lens = batch.seq_lens  # the committed prefixes this round starts from
         prof, meter = self._prof, self._meter
@@ -736,6 +744,105 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 can_run_cuda_graph=target_out.can_run_cuda_graph,
                 next_draft_input=self._make_next_draft_input_decode(
                     bonus_tokens=acc.bonus, new_seq_lens=new_seq_lens
+                ),
+                speculative_num_draft_tokens=self.block_size,
+                new_seq_lens=new_seq_lens,
+            )
+
+    def _nodraft_round(self, batch, draft_input, on_publish, ranges, key: int, bs: int):
+        """A round without a draft as ``k = nodraft_steps`` plain decode steps: k width-1
+        (causal) verify forwards in a row, each feeding its token to the next, then one
+        drafter KV append for the k committed tokens.
+
+        A speculative round pays SGLang's spec-v2 bookkeeping and its own fixed stages once;
+        a no-draft round that commits one token paid them per token, which kept the fallback
+        at 0.48-0.69x no speculation (docs/gpu-results.md §19). Committing k tokens a round
+        (as an accepted chain of k-1 drafts plus the bonus) pays them once per k. Lossless as
+        any round: step j's token is the target's choice (argmax, or the seeded or unseeded
+        draw keyed by its position) after the tokens before it, exactly as plain decoding
+        would choose; SGLang's result processing stops a request at EOS or its length limit
+        inside the k tokens as it does inside an accepted draft. The k tokens' KV slots are
+        the first k of the draft block's (k <= draft width <= N+1 reserved)."""
+        k = self._nodraft_steps
+        prof, meter = self._prof, self._meter
+        if meter is not None:
+            meter.begin()
+        if prof is not None:
+            prof.mark(0, bs)
+        prefix = batch.seq_lens
+        with ranges("draft"):
+            block_ids, positions_2d, cache_loc_2d = self._prepare_draft_block(
+                batch, draft_input, bs
+            )
+        if prof is not None:
+            prof.mark(1)
+            prof.mark(2)
+        root_round = self._root_round(bs)
+        saved = (batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum)
+        tokens = block_ids[:, 0]
+        out = torch.zeros((bs, self.block_size), dtype=torch.long, device=self.device)
+        rows = None
+        target_out = None
+        try:
+            for j in range(k):
+                step_prefix = prefix if j == 0 else prefix + j
+                batch.seq_lens = step_prefix
+                if saved[1] is not None:  # the host bound of the prefixes grows with the steps
+                    batch.seq_lens_cpu = saved[1] + j if j else saved[1]
+                if saved[2] is not None:
+                    batch.seq_lens_sum = saved[2] + bs * j
+                tree = root_round.tree(tokens, step_prefix)
+                step = _Drafted(None, None, block_ids, positions_2d, cache_loc_2d[:, j:j + 1])
+                target_out, vt = self._verify_stage(batch, draft_input, tree, step, bs, 1, None,
+                                                    ranges)
+                with ranges("accept"):
+                    choice = self._node_choice(
+                        batch.sampling_info, target_out.logits_output.next_token_logits, vt,
+                        bs, 1,
+                    ).reshape(bs)
+                    hidden = target_out.logits_output.hidden_states
+                    if hidden is None:
+                        raise RuntimeError("DDTree verify requires target hidden states.")
+                    if rows is None:
+                        rows = torch.empty((bs, k, hidden.shape[-1]), dtype=hidden.dtype,
+                                           device=hidden.device)
+                    rows[:, j].copy_(hidden[:bs])  # the next replay overwrites the graph output
+                    out[:, j].copy_(choice)
+                    tokens = choice
+        finally:
+            batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum = saved
+        if prof is not None:
+            prof.mark(3)
+            prof.mark(4)
+        commit = self._nodraft_commit.get(bs)
+        if commit is None:
+            commit = self._nodraft_commit[bs] = torch.full(
+                (bs,), k, dtype=torch.int32, device=self.device)
+        new_seq_lens = prefix + k
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+        with ranges("commit"):
+            loc = cache_loc_2d[:, :k].contiguous()
+            self._append_target_hidden_to_draft_kv_by_loc(
+                target_hidden=rows.view(bs * k, -1),
+                cache_loc=loc.view(-1),
+                cache_loc_2d=loc,
+                positions=positions_2d[:, :k].reshape(-1),
+                commit_lens=commit,
+            )
+            target_out.logits_output.hidden_states = None
+        if prof is not None:
+            prof.mark(5)
+        with ranges("result"):
+            if meter is not None:
+                meter.end(key, 0, bs, (), None)
+            return GenerationBatchResult(
+                logits_output=target_out.logits_output,
+                next_token_ids=out.reshape(-1),
+                accept_lens=commit,
+                can_run_cuda_graph=target_out.can_run_cuda_graph,
+                next_draft_input=self._make_next_draft_input_decode(
+                    bonus_tokens=tokens, new_seq_lens=new_seq_lens
                 ),
                 speculative_num_draft_tokens=self.block_size,
                 new_seq_lens=new_seq_lens,
