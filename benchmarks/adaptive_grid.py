@@ -54,6 +54,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import gpu_e2e as e2e  # scripts/ is not a package
 
+from sglang_dflash.sglang_overlay import settings as overlay_settings  # noqa: E402
+
 NEW_TOKENS = 256
 BLOCK = e2e.BLOCK  # the draft's block size: 15 drafts + the bonus per round at most
 CONT_TOKENS = NEW_TOKENS + BLOCK + 1  # every depth drafted in the last round is planted
@@ -945,7 +947,11 @@ class Grid:
                          f"start + its first pending regime, {head}"):
             return
         # Not SGLANG_DFLASH_DDTREE_PROFILE: the per-round profiler adds host work.
-        cfg = server_config(self.opts, name, mode, {"SGLANG_DFLASH_DDTREE_PLANT": str(plant)})
+        env = {"SGLANG_DFLASH_DDTREE_PLANT": str(plant)}
+        steps = int(self.opts.settings.get("nodraft_steps", 1))
+        if mode.policy == "adaptive" and steps != 1:  # the no-draft round's decode steps
+            env[overlay_settings.NODRAFT_STEPS_ENV] = str(steps)
+        cfg = server_config(self.opts, name, mode, env)
         first = True  # nothing benched on this server yet: the next level runs the warm-up
         with self.server(name, cfg) as (url, rec):
             rec["plant_file"] = str(plant)
@@ -1158,6 +1164,9 @@ def build_parser() -> Parser:
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--adaptive-budget", type=int, default=64,
                     help="ddtree-adaptive's largest budget")
+    ap.add_argument("--nodraft-steps", default="1",
+                    help="decode steps of the adaptive server's no-draft round "
+                    "(SGLANG_DFLASH_DDTREE_NODRAFT_STEPS, 1..64)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the prompts")
     ap.add_argument("--port", type=int, default=e2e.PORT)
     ap.add_argument("--time-budget-s", type=float, default=0, help="0 = unbounded")
@@ -1188,6 +1197,10 @@ def setup(args: argparse.Namespace, argv: list[str]) -> Grid:
                          f"{MIN_REQUESTS_PER_LEVEL}: not steady state (pass --allow-short)")
     if args.prompts_per_regime < 1:
         raise UsageError("--prompts-per-regime must be >= 1")
+    try:
+        nodraft_steps = overlay_settings.parse_nodraft_steps(args.nodraft_steps)
+    except overlay_settings.DDTreeConfigError as exc:
+        raise UsageError(f"--nodraft-steps: {exc}") from None
     if args.adaptive_budget < 1:
         raise UsageError("--adaptive-budget must be >= 1")
     levels = parse_levels(args.levels)
@@ -1207,7 +1220,8 @@ def setup(args: argparse.Namespace, argv: list[str]) -> Grid:
     settings = {"shape": args.shape, "backend": args.backend, "new_tokens": NEW_TOKENS,
                 "requests_per_level": args.requests_per_level,
                 "prompts_per_regime": args.prompts_per_regime, "seed": args.seed,
-                "adaptive_budget": args.adaptive_budget, "vocab": target_cfg["vocab_size"]}
+                "adaptive_budget": args.adaptive_budget, "vocab": target_cfg["vocab_size"],
+                "nodraft_steps": nodraft_steps}
     earlier_results(out / "results.json", settings)  # before anything under --out changes
     opts = Opts(out=out, env=env, clock=e2e.Clock(args.time_budget_s),
                 models=e2e.write_models(out / "models", target_cfg, draft_cfg),

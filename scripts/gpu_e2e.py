@@ -84,6 +84,8 @@ DRAFT_CONFIG = {
 PROMPTS = [[100 + i, 2000 + 7 * i, 31 * i + 5, 4242, 17 + i] for i in range(4)]
 GEN_TOKENS = 64
 PORT = 30000
+# sglang_overlay.settings.NODRAFT_STEPS_ENV (tests/overlay/test_policy.py checks they agree)
+NODRAFT_STEPS_ENV = "SGLANG_DFLASH_DDTREE_NODRAFT_STEPS"
 BLOCK = DRAFT_CONFIG["block_size"]
 # Plant: one rank schedule per prompt, in rising share of rank-0 plants (cycled over the
 # continuation). 0 = on the rank-0 spine, 1..3 = a branch off it, -1 = absent from the top-K.
@@ -230,6 +232,7 @@ class Opts:
     clock: Clock
     curve: bool = False
     suffix: str = ""  # "@triton": this step's backend differs from --backend
+    nodraft_steps: int = 1  # adaptive servers' no-draft decode steps (1 = the server default)
 
     @property
     def tag(self) -> str:
@@ -814,8 +817,11 @@ def step_seeded(opts: Opts, step: str) -> dict:
     name = f"seeded-{'adaptive-' if adaptive else ''}{budget}{opts.tag}"
     plant_path = opts.out / f"{name}.json"
     plant_path.write_text(json.dumps(plant_document(outs)))
+    steps = {NODRAFT_STEPS_ENV: str(opts.nodraft_steps)} if adaptive and \
+        opts.nodraft_steps != 1 else None
     cfg = instance_config(opts, name, "ddtree", budget, extra_args=det, plant=plant_path,
-                          policy="adaptive" if adaptive else None)
+                          policy="adaptive" if adaptive else None, environment=steps)
+    rec["nodraft_steps"] = opts.nodraft_steps if adaptive else None
     rows, batches = [], []
     with running_server(opts, cfg, name) as (url, r1):
         if r1["ready_seconds"]:
@@ -899,8 +905,12 @@ def main() -> int:
                          "results.json on the same machine, instead of starting serve:none again")
     ap.add_argument("--time-budget-s", type=float, default=0,
                     help="skip steps/benches that cannot finish within this many seconds")
+    ap.add_argument("--nodraft-steps", type=int, default=1,
+                    help=f"seeded:adaptive servers: {NODRAFT_STEPS_ENV} (1..64)")
     ap.add_argument("steps", nargs="+")
     args = ap.parse_args()
+    if not 1 <= args.nodraft_steps <= 64:
+        ap.error(f"--nodraft-steps {args.nodraft_steps}: expected 1..64")
     args.out.mkdir(parents=True, exist_ok=True)
     site_entries = [p for p in args.site.split(os.pathsep) if p]
     sys.path[:0] = site_entries  # the oracle imports sglang_dflash from the staged site
@@ -909,7 +919,7 @@ def main() -> int:
                 bench=not args.no_bench, bench_prompts=args.bench_prompts,
                 bench_concurrency=args.bench_concurrency,
                 bench_num_prompts=args.bench_num_prompts, clock=Clock(args.time_budget_s),
-                curve=args.curve)
+                curve=args.curve, nodraft_steps=args.nodraft_steps)
     results: dict = {"steps": args.steps, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                       time.gmtime())}
     serves: dict = reused_serves(args.reuse) if args.reuse else {}

@@ -335,13 +335,13 @@ def test_estimates_replay_the_h200_grid(calls):
 def runs(tmp_path_factory):
     """One grid run and, with the same --out, a second one (resume)."""
     out = tmp_path_factory.mktemp("grid") / "out"
-    first = _grid_run(out)
+    first = _grid_run(out, "--nodraft-steps", "8")
     assert first.returncode == 0, first.stderr[-3000:]
     res1 = json.loads((out / "results.json").read_text())
     grid1 = json.loads((out / "adaptive-grid.json").read_text())
     logs = {p.name: p.stat().st_mtime_ns for p in out.glob("serve-*.log")}
     export = out.parent / "export"
-    second = _grid_run(out, "--export", str(export))
+    second = _grid_run(out, "--nodraft-steps", "8", "--export", str(export))
     assert second.returncode == 0, second.stderr[-3000:]
     return {"out": out, "export": export, "res1": res1, "grid1": grid1, "logs1": logs,
             "res2": json.loads((out / "results.json").read_text()),
@@ -420,8 +420,11 @@ def test_server_configs(runs):
     assert cfg["dflash-chain"]["environment"] == {"SGLANG_SIMULATE_ACC_LEN": "16.0"}
     assert cfg["ddtree-8"]["ddtree"] == {"budget": 8, "policy": "fixed"}
     assert cfg["ddtree-adaptive"]["ddtree"] == {"budget": 64, "policy": "adaptive"}
-    for name in ("ddtree-8", "ddtree-adaptive"):
-        assert cfg[name]["environment"] == {"SGLANG_DFLASH_DDTREE_PLANT": str(out / "plant.json")}
+    plant = {"SGLANG_DFLASH_DDTREE_PLANT": str(out / "plant.json")}
+    assert cfg["ddtree-8"]["environment"] == plant
+    # --nodraft-steps reaches the adaptive server only
+    assert cfg["ddtree-adaptive"]["environment"] == plant | {
+        "SGLANG_DFLASH_DDTREE_NODRAFT_STEPS": "8"}
     assert json.loads((out / "models" / "target" / "config.json").read_text())[
         "hidden_size"] == 2560
 
@@ -512,6 +515,7 @@ def test_time_budget_skips_a_server_rather_than_cutting_it(tmp_path):
     (["--modes", "none,eagle"], "eagle"),
     (["--levels", "1,x"], "--levels"),
     (["--no-such-flag"], "--no-such-flag"),
+    (["--nodraft-steps", "0"], "--nodraft-steps"),
 ])
 def test_bad_flags_exit_2_with_one_line(tmp_path, flags, words):
     r = _run("--out", str(tmp_path / "o"), *flags)

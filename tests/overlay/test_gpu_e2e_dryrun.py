@@ -271,11 +271,17 @@ def test_seeded_adaptive_step_checks_batches_and_reads_the_policy(tmp_path):
     """`seeded:adaptive:<N>`: the DDTree server runs the adaptive policy, the seeded outputs
     are also compared in batches of 8 and 32 requests, and the policy's state is read after
     each (the stand-in's /server_info has no DDTree state; the flow still runs)."""
-    proc, res = _run(tmp_path, "--no-bench", "seeded:adaptive:16", "seeded:adaptive:x")
+    proc, res = _run(tmp_path, "--no-bench", "--nodraft-steps", "8", "seeded:adaptive:16",
+                     "seeded:adaptive:x")
     out = tmp_path / "out"
     rec = res["seeded"]["seeded:adaptive:16"]
     cfg = json.loads((out / "config-seeded-adaptive-16.json").read_text())
     assert cfg["ddtree"] == {"budget": 16, "policy": "adaptive"}
+    # the k-step no-draft round reaches the adaptive server (and only it)
+    assert cfg["environment"]["SGLANG_DFLASH_DDTREE_NODRAFT_STEPS"] == "8"
+    none_cfg = json.loads((out / "config-seeded-none.json").read_text())
+    assert "SGLANG_DFLASH_DDTREE_NODRAFT_STEPS" not in none_cfg.get("environment", {})
+    assert rec["nodraft_steps"] == 8
     assert "--enable-deterministic-inference" in cfg["extraArgs"]
     assert [b["concurrency"] for b in rec["ddtree"]["batches"]] == [8, 32]
     for b in rec["ddtree"]["batches"]:
@@ -293,3 +299,11 @@ def test_parse_seeded():
     for bad in ("seeded:x", "seeded:adaptive", "seeded:fixed:16", "seeded:0"):
         with pytest.raises(ValueError):
             e2e.parse_seeded(bad)
+
+
+def test_the_scripts_nodraft_variable_is_the_overlays():
+    """gpu_e2e runs outside the package; its copy of the variable name must be the one the
+    worker reads."""
+    from sglang_dflash.sglang_overlay import settings
+
+    assert _gpu_e2e().NODRAFT_STEPS_ENV == settings.NODRAFT_STEPS_ENV

@@ -19,7 +19,7 @@ BUDGET_ENV = "SGLANG_DFLASH_DDTREE_BUDGET"
 POLICY_ENV = "SGLANG_DFLASH_DDTREE_POLICY"
 # ``torch``: the torch tree builder on CUDA too (default ``auto``: the Triton kernel there).
 IMPL_ENV = "SGLANG_DFLASH_DDTREE_IMPL"
-# Decode steps in one no-draft round of the adaptive policy (1 = a single step, the old round).
+# Decode steps in one no-draft round of the adaptive policy (default 1: a single step).
 NODRAFT_STEPS_ENV = "SGLANG_DFLASH_DDTREE_NODRAFT_STEPS"
 # Test-only and diagnostic switches (sglang_overlay/diagnostics/): a plant file, a per-round
 # profile file and its window, a first-round trace directory and its batch-size count.
@@ -108,15 +108,17 @@ def policy_from_env(budget: int, environ: Mapping[str, str] | None = None):
         raise DDTreeConfigError(str(exc)) from None
 
 
-# A no-draft round runs this many plain decode steps, so SGLang's per-round speculative
-# bookkeeping (~2 ms on the H200, docs/gpu-results.md §20) is paid once per 8 tokens, not per
-# token. Capped by the draft width (the round's KV slots and the drafter's block).
-DEFAULT_NODRAFT_STEPS = 8
+# A no-draft round can run several plain decode steps, so SGLang's per-round speculative
+# bookkeeping and the round's fixed stages (docs/gpu-results.md §20) are paid once per k
+# tokens, not per token; capped by the draft width (the round's KV slots, the drafter's
+# block). Default 1 (one step, the round verified on the H200) until the k-step round has run
+# on a GPU: docs/ddtree.md, "Known problems".
+DEFAULT_NODRAFT_STEPS = 1
 MAX_NODRAFT_STEPS = 64
 
 
 def parse_nodraft_steps(raw: str | None) -> int:
-    """``SGLANG_DFLASH_DDTREE_NODRAFT_STEPS``: 1..64, default 8; else a one-line error."""
+    """``SGLANG_DFLASH_DDTREE_NODRAFT_STEPS``: 1..64, default 1; else a one-line error."""
     if raw is None or not raw.strip():
         return DEFAULT_NODRAFT_STEPS
     try:
