@@ -54,7 +54,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import gpu_e2e as e2e  # scripts/ is not a package
 
-from sglang_dflash.sglang_overlay import settings as overlay_settings  # noqa: E402
+from sglang_dflash.sglang_overlay import settings as overlay_settings
 
 NEW_TOKENS = 256
 BLOCK = e2e.BLOCK  # the draft's block size: 15 drafts + the bonus per round at most
