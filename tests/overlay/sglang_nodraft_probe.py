@@ -1,0 +1,97 @@
+"""Runs INSIDE the SGLang CPU env: the adaptive policy's k-step no-draft round, its own logic.
+
+``DDTreeWorkerV2._nodraft_round`` with SGLang's forward replaced by a deterministic stand-in
+target (the token after ``t`` at position ``p`` is ``(7t + p) mod V``; the hidden row of a
+step is ``(t, p)``) and the draft block, the drafter's KV writer and the next draft input
+recorded. What the GPU cannot tell apart cheaply is checked here: every step feeds the
+previous step's token at the next position and slot, the host bounds grow with the steps,
+the committed tokens and the drafter's rows are in order, the batch comes back unchanged.
+Prints one ``PROBE-JSON`` object.
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+from types import SimpleNamespace
+
+
+def main() -> dict:
+    import torch
+
+    from sglang_dflash.sglang_overlay import worker as W
+    from sglang_dflash.sglang_overlay.verify import VerifyTensors
+
+    vocab, block, steps, mask_id = 50, 6, 4, 49
+    w = object.__new__(W.DDTreeWorkerV2)
+    w.device = "cpu"
+    w.block_size = block
+    w._nodraft_steps = steps
+    w._nodraft_commit = {}
+    w._root_rounds = {}
+    w._prof = None
+    w._meter = None
+    w.ddtree = SimpleNamespace(max_depth=block - 1)
+    calls, appended = [], []
+
+    def prepare(batch, draft_input, bs):
+        ids = torch.full((bs, block), mask_id, dtype=torch.long)
+        ids[:, 0] = draft_input.bonus_tokens
+        pos = batch.seq_lens.view(-1, 1) + torch.arange(block)
+        slots = 1000 * (torch.arange(bs).view(-1, 1) + 1) + pos
+        return ids, pos, slots
+
+    def verify_stage(batch, draft_input, tree, step, bs, width, prof, ranges):
+        tok, pos = tree.tokens.view(bs), tree.positions.view(bs)
+        calls.append({"width": width, "seq_lens": batch.seq_lens.tolist(),
+                      "seq_lens_cpu": batch.seq_lens_cpu.tolist(),
+                      "seq_lens_sum": batch.seq_lens_sum, "tokens": tok.tolist(),
+                      "positions": pos.tolist(), "slots": step.cache_loc_2d.reshape(-1).tolist()})
+        nxt = (tok * 7 + pos) % vocab
+        logits = torch.full((bs, vocab), -10.0)
+        logits[torch.arange(bs), nxt] = 10.0
+        hidden = torch.stack([tok.float(), pos.float()], dim=-1)
+        out = SimpleNamespace(
+            logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=hidden),
+            can_run_cuda_graph=True)
+        return out, VerifyTensors(tok, pos, None)
+
+    w._prepare_draft_block = prepare
+    w._verify_stage = verify_stage
+    w._append_target_hidden_to_draft_kv_by_loc = lambda **kw: appended.append(kw)
+    w._make_next_draft_input_decode = lambda bonus_tokens, new_seq_lens: {
+        "bonus": bonus_tokens.tolist(), "seq_lens": new_seq_lens.tolist()}
+    prefix = torch.tensor([5, 9])
+    batch = SimpleNamespace(seq_lens=prefix, seq_lens_cpu=torch.tensor([5, 9]),
+                            seq_lens_sum=14, sampling_info=None)
+    published = []
+    res = w._nodraft_round(batch, SimpleNamespace(bonus_tokens=torch.tensor([3, 11])),
+                           published.append, W.stage_ranges(), 2, 2)
+    app = appended[0]
+    return {
+        "calls": calls,
+        "next_token_ids": res.next_token_ids.view(2, block).tolist(),
+        "accept_lens": res.accept_lens.tolist(),
+        "accept_dtype": str(res.accept_lens.dtype),
+        "new_seq_lens": res.new_seq_lens.tolist(),
+        "published": [p.tolist() for p in published],
+        "next_draft_input": res.next_draft_input,
+        "stride": res.speculative_num_draft_tokens,
+        "appended": len(appended),
+        "append_rows": app["target_hidden"].tolist(),
+        "append_loc": app["cache_loc"].tolist(),
+        "append_loc_2d": app["cache_loc_2d"].tolist(),
+        "append_positions": app["positions"].tolist(),
+        "append_commit": app["commit_lens"].tolist(),
+        "batch_restored": batch.seq_lens is prefix and batch.seq_lens_cpu.tolist() == [5, 9]
+        and batch.seq_lens_sum == 14,
+        "hidden_cleared": res.logits_output.hidden_states is None,
+    }
+
+
+if __name__ == "__main__":
+    try:
+        out = main()
+    except Exception:
+        out = {"crash": traceback.format_exc()}
+    print("PROBE-JSON " + json.dumps(out))
