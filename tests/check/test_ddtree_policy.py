@@ -89,6 +89,10 @@ def test_evaluate_policy_pass_fail_skip():
     missing = live.evaluate_ddtree_policy(_info(None), "fixed")
     assert missing.status == "FAIL" and "reports no DDTree policy" in missing.found
     assert live.evaluate_ddtree_policy(_info(None), None).status == "SKIP"
+    steps = live.evaluate_ddtree_policy(_info(state | {"nodraft_steps": 8}), AUTO16)
+    assert steps.found.startswith(f"policy {AUTO16} (budget 16, no-draft round of 8 decode steps)")
+    one = live.evaluate_ddtree_policy(_info(state | {"nodraft_steps": 1}), AUTO16)
+    assert one.found == ok.found  # the default single step is not worth a mention
 
 
 def test_check_url_reports_the_running_policy(tmp_path: Path, standin_server) -> None:

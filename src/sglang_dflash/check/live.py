@@ -199,8 +199,10 @@ def evaluate_ddtree_policy(info: dict, expected: str | None) -> Result:
         return failed(LAYER, "ddtree_policy", f"server runs policy {policy!r}, expected "
                       f"{expected!r}", "set ddtree.policy in the instance config (serve passes "
                       f"it as {settings.POLICY_ENV}) and restart")
-    return passed(LAYER, "ddtree_policy", f"policy {policy} (budget {state.get('budget')})"
-                  f"{learnt}")
+    steps = state.get("nodraft_steps")
+    fallback = f", no-draft round of {steps} decode steps" if steps and steps > 1 else ""
+    return passed(LAYER, "ddtree_policy", f"policy {policy} (budget {state.get('budget')}"
+                  f"{fallback}){learnt}")
 
 
 def evaluate_metrics(status: int | None, body: object, expected: bool | None) -> Result:
