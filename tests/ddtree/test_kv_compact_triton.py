@@ -8,16 +8,10 @@ a GPU under the Triton interpreter; a subprocess lowers the kernel for sm_90.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch", reason="the DDTree core needs torch")
-from .triton_env import DEV, import_triton_module  # noqa: E402
+from .triton_env import DEV, import_triton_module, lower_for_sm90  # noqa: E402
 
 kc = import_triton_module("sglang_dflash.ddtree.kv_compact_triton")
 pytestmark = pytest.mark.usefixtures("triton_interpret")
@@ -106,8 +100,7 @@ def test_empty_batch_is_a_no_op():
 
 def test_kernel_compiles_for_sm90():
     """Lowered to a Hopper cubin without a GPU; runtime sizes unspecialised."""
-    pytest.importorskip("triton")
-    code = textwrap.dedent("""
+    code = """
         import triton
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
@@ -123,10 +116,5 @@ def test_kernel_compiles_for_sm90():
         assert {p.name for p in kc._compact_kernel.params if p.do_not_specialize} == {
             "W", "D1", "row_stride"}
         print("ok")
-    """)
-    src = str(Path(kc.__file__).resolve().parents[2])
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=300, env=env)
-    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+    """
+    lower_for_sm90(code)

@@ -6,16 +6,10 @@ multiple of the block, -inf entries, a row of only -inf); a subprocess lowers it
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch", reason="the DDTree core needs torch")
-from .triton_env import DEV, import_triton_module  # noqa: E402
+from .triton_env import DEV, import_triton_module, lower_for_sm90  # noqa: E402
 
 tk = import_triton_module("sglang_dflash.ddtree.topk_triton")
 pytestmark = pytest.mark.usefixtures("triton_interpret")
@@ -45,8 +39,7 @@ def test_row_logsumexp_reads_a_strided_view():
 
 
 def test_kernel_compiles_for_sm90():
-    pytest.importorskip("triton")
-    code = textwrap.dedent("""
+    code = """
         import triton
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
@@ -60,10 +53,5 @@ def test_kernel_compiles_for_sm90():
         assert {p.name for p in tk._row_lse_kernel.params if p.do_not_specialize} == {
             "stride"}
         print("ok")
-    """)
-    src = str(Path(tk.__file__).resolve().parents[2])
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=300, env=env)
-    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+    """
+    lower_for_sm90(code)

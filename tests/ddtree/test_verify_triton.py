@@ -9,12 +9,6 @@ compiles them for sm_90 so lowering errors the interpreter cannot see are caught
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch", reason="the DDTree core needs torch")
@@ -28,6 +22,7 @@ from .test_walk import path_biased_predictions  # noqa: E402
 from .triton_env import (  # noqa: E402
     DEV,
     import_triton_module,
+    lower_for_sm90,
 )
 
 vt = import_triton_module("sglang_dflash.ddtree.verify_triton")
@@ -111,8 +106,7 @@ def test_pad_budgets_refuses_too_many():
 def test_kernels_compile_for_sm90():
     """Lower both kernels to PTX for Hopper without a GPU (triton's own compile API), so a
     lowering error the interpreter cannot see fails here, not in the first served round."""
-    pytest.importorskip("triton")
-    code = textwrap.dedent("""
+    code = """
         import triton
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
@@ -140,10 +134,5 @@ def test_kernels_compile_for_sm90():
             "W", "D1", "NB"}
         assert [p.name for p in vt._full_mask_kernel.params if p.is_constexpr] == ["WP"]
         print("ok")
-    """)
-    src = str(Path(vt.__file__).resolve().parents[2])  # the tree under test, not site's
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=300, env=env)
-    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+    """
+    lower_for_sm90(code)

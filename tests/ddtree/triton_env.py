@@ -55,3 +55,21 @@ def interpret_on_cpu(monkeypatch) -> None:
     from an autouse fixture)."""
     if not CUDA:
         monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def lower_for_sm90(code: str) -> None:
+    """Run ``code`` (it lowers kernels with triton's own compile API and prints ``ok``) in a
+    fresh interpreter without TRITON_INTERPRET, with this checkout's ``src`` first on the
+    path: a lowering error the interpreter cannot see fails the calling test, not the first
+    served round."""
+    import subprocess
+    import textwrap
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                       text=True, timeout=300, env=env)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]

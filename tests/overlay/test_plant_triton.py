@@ -5,12 +5,6 @@ interpreter on the CPU; lowered for sm_90 in a subprocess."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch", reason="the device plant is torch")
@@ -19,6 +13,7 @@ from sglang_dflash.sglang_overlay.diagnostics import plant as p  # noqa: E402
 from tests.ddtree.triton_env import (  # noqa: E402
     DEV,
     import_triton_module,
+    lower_for_sm90,
 )
 from tests.overlay.test_plant import _random_case  # noqa: E402
 
@@ -53,7 +48,7 @@ def test_int32_ids_keep_their_dtype():
 
 
 def test_plant_kernel_compiles_for_sm90():
-    code = textwrap.dedent("""
+    code = """
         import triton
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
@@ -69,10 +64,5 @@ def test_plant_kernel_compiles_for_sm90():
                 "VP": triton.next_power_of_2(k + 2)})
             assert triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
         print("ok")
-    """)
-    src = str(Path(pt.__file__).resolve().parents[3])
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=300, env=env)
-    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+    """
+    lower_for_sm90(code)
