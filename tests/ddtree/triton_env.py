@@ -57,11 +57,11 @@ def interpret_on_cpu(monkeypatch) -> None:
         monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
-def lower_for_sm90(code: str) -> None:
-    """Run ``code`` (it lowers kernels with triton's own compile API and prints ``ok``) in a
-    fresh interpreter without TRITON_INTERPRET, with this checkout's ``src`` first on the
+def lower_for_sm90(code: str) -> list[str]:
+    """Run ``code`` (it lowers kernels with triton's own compile API and prints ``ok`` last)
+    in a fresh interpreter without TRITON_INTERPRET, with this checkout's ``src`` first on the
     path: a lowering error the interpreter cannot see fails the calling test, not the first
-    served round."""
+    served round. Returns the lines it printed before ``ok``."""
     import subprocess
     import textwrap
     from pathlib import Path
@@ -72,4 +72,6 @@ def lower_for_sm90(code: str) -> None:
     env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
                        text=True, timeout=300, env=env)
-    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and lines and lines[-1] == "ok", r.stderr[-3000:]
+    return lines[:-1]
