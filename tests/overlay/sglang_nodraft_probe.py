@@ -27,7 +27,6 @@ def main() -> dict:
     w.device = "cpu"
     w.block_size = block
     w._nodraft_steps = steps
-    w._nodraft_commit = {}
     w._root_rounds = {}
     w._prof = None
     w._meter = None

@@ -115,12 +115,15 @@ class RootRound:
     Equal to ``root_tree`` + ``root_accept`` (tests/ddtree/test_adaptive_counts.py).
     """
 
-    def __init__(self, bs: int, max_depth: int, device) -> None:
+    def __init__(self, bs: int, max_depth: int, device, steps: int = 1) -> None:
         zeros = torch.zeros(bs, dtype=torch.long, device=device)
         self._tree = root_tree(zeros, zeros, max_depth)
         self._accept = root_accept(zeros.view(bs, 1), max_depth)
         self._pad = self._accept.out_tokens[:, 1:]  # zeros [bs, L]
         self.bs = bs
+        # commit lengths of a no-draft round of ``steps`` decode steps (the worker's
+        # _nodraft_round): int32 [bs], read by SGLang's result processing only
+        self.steps_commit = torch.full((bs,), int(steps), dtype=torch.int32, device=device)
 
     def tree(self, root_tokens: torch.Tensor, seq_lens: torch.Tensor) -> DDTree:
         bs = self.bs

@@ -232,7 +232,6 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         # a no-draft round's decode steps (adaptive policy only: a fixed budget never falls
         # back); the policy counts them as budget 0's accept length
         self._nodraft_steps = settings.nodraft_steps_from_env(self.ddtree.draft_width)
-        self._nodraft_commit: dict[int, Any] = {}
         if self._policy_spec.adaptive:
             self._policy = policy_mod.AdaptivePolicy(self._policy_spec.schedule,
                                                      nodraft_tokens=self._nodraft_steps)
@@ -247,8 +246,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._active_budget = budget
         self._policy_rounds = 0
         self._seen_rids: set = set()  # requests a top-budget round has measured
-        self._compaction_pool = compaction_pool(
-            self.model_runner.token_to_kv_pool_allocator.get_kvcache())
+        self._compaction = self._load_compaction()
         self._plant = self._load_plant()
         self._device_plant = None  # built at the first planted round, on the draft's device
         self._plant_keys: dict = {}  # rid -> (prompt ids, prompt length), for the plant
@@ -291,15 +289,22 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             torch.cuda.synchronize(self.device)
         logger.info("DDTree tree builder ready in %.2f s.", time.monotonic() - t0)
 
+    def _load_compaction(self):
+        """(pool, kv_compact_triton) where the one-launch KV compaction serves this server
+        (``compaction_pool``, a GPU pool, triton, not SGLANG_DFLASH_DDTREE_IMPL=torch), else
+        None: SGLang's move then."""
+        pool = compaction_pool(self.model_runner.token_to_kv_pool_allocator.get_kvcache())
+        if pool is None or not use_triton(pool.data_ptrs):
+            return None
+        kernel = triton_module("sglang_dflash.ddtree.kv_compact_triton")
+        return None if kernel is None else (pool, kernel)
+
     def _warm_up_compaction(self):
         """Compile the KV compaction kernel now: a one-request batch whose only accepted node
         is the root, which moves nothing (slot 0, the pool's padding slot, is all it reads)."""
-        pool = self._compaction_pool
-        if pool is None or not is_cuda():
+        if self._compaction is None:
             return
-        kernel = triton_module("sglang_dflash.ddtree.kv_compact_triton")
-        if kernel is None or not use_triton(pool.data_ptrs):
-            return
+        pool, kernel = self._compaction
         dev = self.device
         idx = torch.full((1, self.ddtree.max_depth + 1), -1, dtype=torch.int32, device=dev)
         idx[:, 0] = 0
@@ -490,7 +495,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         """The budget-0 round's constant tensors for this batch size (made on first use)."""
         hit = self._root_rounds.get(bs)
         if hit is None:
-            hit = self._root_rounds[bs] = RootRound(bs, self.ddtree.max_depth, self.device)
+            hit = self._root_rounds[bs] = RootRound(bs, self.ddtree.max_depth, self.device,
+                                                    steps=self._nodraft_steps)
         return hit
 
     def _padded_bs(self, bs: int) -> int:
@@ -737,17 +743,23 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 if counts is None and cands[0]:
                     counts = adaptive_mod.path_counts(acc.accept_index, width, cands[1])
                 meter.end(key, budget, bs, cands[0], counts)
-            return GenerationBatchResult(
-                logits_output=target_out.logits_output,
-                next_token_ids=acc.out_tokens.reshape(-1),
-                accept_lens=acc.commit_lens,
-                can_run_cuda_graph=target_out.can_run_cuda_graph,
-                next_draft_input=self._make_next_draft_input_decode(
-                    bonus_tokens=acc.bonus, new_seq_lens=new_seq_lens
-                ),
-                speculative_num_draft_tokens=self.block_size,
-                new_seq_lens=new_seq_lens,
-            )
+            return self._round_result(target_out, acc.out_tokens, acc.commit_lens, acc.bonus,
+                                      new_seq_lens)
+
+    def _round_result(self, target_out, out_tokens, commit_lens, bonus, new_seq_lens):
+        """What SGLang's spec-v2 scheduler takes from a round: ``out_tokens`` ``[bs, B]``
+        (committed tokens, bonus last), ``commit_lens`` int32, the next round's draft input."""
+        return GenerationBatchResult(
+            logits_output=target_out.logits_output,
+            next_token_ids=out_tokens.reshape(-1),
+            accept_lens=commit_lens,
+            can_run_cuda_graph=target_out.can_run_cuda_graph,
+            next_draft_input=self._make_next_draft_input_decode(
+                bonus_tokens=bonus, new_seq_lens=new_seq_lens
+            ),
+            speculative_num_draft_tokens=self.block_size,
+            new_seq_lens=new_seq_lens,
+        )
 
     def _nodraft_round(self, batch, draft_input, on_publish, ranges, key: int, bs: int):
         """A round without a draft as ``k = nodraft_steps`` plain decode steps: k width-1
@@ -814,39 +826,20 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if prof is not None:
             prof.mark(3)
             prof.mark(4)
-        commit = self._nodraft_commit.get(bs)
-        if commit is None:
-            commit = self._nodraft_commit[bs] = torch.full(
-                (bs,), k, dtype=torch.int32, device=self.device)
+        commit = root_round.steps_commit
         new_seq_lens = prefix + k
         if on_publish is not None:
             on_publish(new_seq_lens)
         with ranges("commit"):
-            loc = cache_loc_2d[:, :k].contiguous()
-            self._append_target_hidden_to_draft_kv_by_loc(
-                target_hidden=rows.view(bs * k, -1),
-                cache_loc=loc.view(-1),
-                cache_loc_2d=loc,
-                positions=positions_2d[:, :k].reshape(-1),
-                commit_lens=commit,
-            )
+            self._append_first_columns(rows.view(bs * k, -1), cache_loc_2d, positions_2d, k,
+                                       commit)
             target_out.logits_output.hidden_states = None
         if prof is not None:
             prof.mark(5)
         with ranges("result"):
             if meter is not None:
                 meter.end(key, 0, bs, (), None)
-            return GenerationBatchResult(
-                logits_output=target_out.logits_output,
-                next_token_ids=out.reshape(-1),
-                accept_lens=commit,
-                can_run_cuda_graph=target_out.can_run_cuda_graph,
-                next_draft_input=self._make_next_draft_input_decode(
-                    bonus_tokens=tokens, new_seq_lens=new_seq_lens
-                ),
-                speculative_num_draft_tokens=self.block_size,
-                new_seq_lens=new_seq_lens,
-            )
+            return self._round_result(target_out, out, commit, tokens, new_seq_lens)
 
     def _draft_stage(self, batch, draft_input, bs: int, budget: int, ranges) -> _Drafted:
         """The drafter's per-depth top-K and the block's slots; a budget-0 round drafts
@@ -987,11 +980,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         that skips nodes already in place (``kv_compact_triton``) where the pool is
         ``MHATokenToKVPool``'s layout and the walk gave int32 outputs; SGLang's
         ``move_accept_tokens_to_target_kvcache`` otherwise."""
-        pool = self._compaction_pool
-        kernel = (triton_module("sglang_dflash.ddtree.kv_compact_triton")
-                  if pool is not None and acc.index_i32 is not None
-                  and use_triton(acc.index_i32) else None)
-        if kernel is not None:
+        if self._compaction is not None and acc.index_i32 is not None:
+            pool, kernel = self._compaction
             kernel.compact_triton(
                 pool.data_ptrs, pool.data_strides, pool._kv_copy_config, batch.out_cache_loc,
                 self.model_runner.req_to_token_pool.req_to_token, batch.req_pool_indices,
@@ -1024,12 +1014,20 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         else:
             # One committed token per request, the root's: project bs rows, not bs*B (the
             # prefix-valid writer would drop the other B-1 rows of each request anyway).
-            loc = cache_loc_2d[:, :1].contiguous()
-            self._append_target_hidden_to_draft_kv_by_loc(
-                target_hidden=hidden[:bs],
-                cache_loc=loc.view(-1),
-                cache_loc_2d=loc,
-                positions=positions_2d[:, 0].contiguous(),
-                commit_lens=acc.commit_lens,
-            )
+            self._append_first_columns(hidden[:bs], cache_loc_2d, positions_2d, 1,
+                                       acc.commit_lens)
         logits_output.hidden_states = None
+
+    def _append_first_columns(self, target_hidden, cache_loc_2d, positions_2d, n: int,
+                              commit_lens):
+        """The drafter's KV for ``n`` committed tokens a request that sit in the first ``n``
+        columns of the draft block (``target_hidden`` ``[bs*n, F]``, request-major): a
+        no-draft round's tokens. Projects bs*n rows, not bs*B."""
+        loc = cache_loc_2d[:, :n].contiguous()
+        self._append_target_hidden_to_draft_kv_by_loc(
+            target_hidden=target_hidden,
+            cache_loc=loc.view(-1),
+            cache_loc_2d=loc,
+            positions=positions_2d[:, :n].reshape(-1),
+            commit_lens=commit_lens,
+        )
