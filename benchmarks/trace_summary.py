@@ -68,8 +68,9 @@ def _top(acc: dict[str, list[float]], n: int, steps: int) -> list[dict]:
 def range_table(events: list[dict], steps: int, top: int = 20) -> list[dict]:
     """Host and GPU time per step of each named range: host = the range's own span; GPU = the
     kernels whose launch (a runtime call on the same thread inside the span) correlates with
-    them; launches = kernel launches (not graph launches) inside the span. Nested ranges
-    each count their whole span."""
+    them; launches = kernel launches (not graph launches) inside the span; syncs = host-blocking
+    synchronize calls that start inside the span, and their host time (which stage waits on
+    the GPU). Nested ranges each count their whole span."""
     gpu_by_corr: dict = defaultdict(float)
     for e in events:
         corr = (e.get("args") or {}).get("correlation")
@@ -81,9 +82,13 @@ def range_table(events: list[dict], steps: int, top: int = 20) -> list[dict]:
         if e.get("cat") in ("cuda_runtime", "cuda_driver") and corr is not None:
             launches[(e.get("pid"), e.get("tid"))].append(
                 (float(e["ts"]), corr, e.get("name") in LAUNCH_CALLS))
-    for v in launches.values():
+    syncs: dict = defaultdict(list)  # (pid, tid) -> sorted [(ts, dur)]
+    for e in events:
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and e.get("name") in SYNC_CALLS:
+            syncs[(e.get("pid"), e.get("tid"))].append((float(e["ts"]), float(e["dur"])))
+    for v in (*launches.values(), *syncs.values()):
         v.sort(key=lambda x: x[0])
-    acc: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0, 0])
+    acc: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0, 0, 0, 0.0])
     for e in events:
         if e.get("cat") != "user_annotation":
             continue
@@ -96,11 +101,18 @@ def range_table(events: list[dict], steps: int, top: int = 20) -> list[dict]:
         hi = bisect.bisect_right(calls, ts + dur, key=lambda x: x[0])
         row[1] += sum(gpu_by_corr.get(c, 0.0) for _, c, _ in calls[lo:hi])
         row[3] += sum(1 for *_, launch in calls[lo:hi] if launch)
+        waits = syncs.get((e.get("pid"), e.get("tid")), [])
+        lo = bisect.bisect_left(waits, ts, key=lambda x: x[0])
+        hi = bisect.bisect_right(waits, ts + dur, key=lambda x: x[0])
+        row[4] += hi - lo
+        row[5] += sum(d for _, d in waits[lo:hi])
     rows = sorted(acc.items(), key=lambda kv: -kv[1][0])[:top]
     return [{"name": k[:120], "host_ms_per_step": round(v[0] / 1000 / steps, 4),
              "gpu_ms_per_step": round(v[1] / 1000 / steps, 4),
              "calls_per_step": round(v[2] / steps, 2),
-             "launches_per_step": round(v[3] / steps, 2)} for k, v in rows]
+             "launches_per_step": round(v[3] / steps, 2),
+             "syncs_per_step": round(v[4] / steps, 2),
+             "sync_ms_per_step": round(v[5] / 1000 / steps, 4)} for k, v in rows]
 
 
 def summarise(trace: dict, steps: int, top: int = 15) -> dict:

@@ -94,12 +94,20 @@ def test_ranges_get_their_host_time_and_their_kernels_gpu_time():
         _r("kernel", "topk", 10, 7, corr=1),
         _r("kernel", "gemm", 50, 10, corr=2), _r("kernel", "attn", 60, 15, corr=2),
         _r("kernel", "other", 80, 4, corr=3), _r("kernel", "late", 160, 40, corr=4),
+        _r("cuda_runtime", "cudaStreamSynchronize", 62, 30),  # in the round, after verify
+        _r("cuda_runtime", "cudaStreamSynchronize", 12, 5),  # in draft (and so the round)
+        _r("cuda_runtime", "cudaStreamSynchronize", 50, 9, tid=2),  # another thread's
+        _r("cuda_runtime", "cudaStreamSynchronize", 170, 9),  # after the round
     ]
     s = trace_summary.summarise({"traceEvents": events}, steps=1)
     rows = {r["name"]: r for r in s["ranges"]}
     assert rows["ddtree.round"] == {"name": "ddtree.round", "host_ms_per_step": 0.1,
                                     "gpu_ms_per_step": 0.032, "calls_per_step": 1.0,
-                                    "launches_per_step": 1.0}  # the graph launch is not one
+                                    "launches_per_step": 1.0,  # the graph launch is not one
+                                    "syncs_per_step": 2.0, "sync_ms_per_step": 0.035}
+    assert rows["ddtree.draft"]["syncs_per_step"] == 1.0
+    assert rows["ddtree.draft"]["sync_ms_per_step"] == pytest.approx(0.005)
+    assert rows["ddtree.verify_forward"]["syncs_per_step"] == 0.0
     assert rows["ddtree.draft"]["gpu_ms_per_step"] == pytest.approx(0.007)
     assert rows["ddtree.draft"]["launches_per_step"] == 1.0
     assert rows["ddtree.verify_forward"]["gpu_ms_per_step"] == pytest.approx(0.025)
