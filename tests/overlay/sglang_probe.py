@@ -202,6 +202,34 @@ def main(model: str, draft: str) -> dict:
         "not_a_pool": compaction_pool(object()) is not None,
     }
 
+    # --- the target's KV pool exists only after the draft worker's constructor ------------
+    # (H200, 2026-12-04: resolving the compaction pool in __init__ read a None allocator and
+    # every DDTree server failed to start.)
+    import inspect
+
+    from sglang.srt.managers.scheduler import Scheduler
+
+    from sglang_dflash.sglang_overlay import worker as worker_mod
+
+    src = inspect.getsource(Scheduler.init_model_worker)
+    out["init_order"] = [src.find("self.maybe_init_draft_worker()"),
+                         src.find("self.init_memory_pools()"),
+                         src.find("self.init_all_cuda_graphs()")]
+    w = object.__new__(worker_mod.DDTreeWorkerV2)
+    w._compaction = worker_mod._UNRESOLVED
+    w.model_runner = SimpleNamespace(token_to_kv_pool_allocator=None)
+    before = w._compaction_kernel()
+    unresolved = w._compaction is worker_mod._UNRESOLVED
+    calls = []
+    w.model_runner = SimpleNamespace(token_to_kv_pool_allocator=SimpleNamespace(
+        get_kvcache=lambda: calls.append(1) or object()))
+    after = [w._compaction_kernel(), w._compaction_kernel()]
+    out["compaction_lazy"] = {"before_pools": before, "unresolved": unresolved,
+                              "after_pools": after, "resolved_once": len(calls) == 1}
+    out["init_reads_pools"] = [name for name in ("token_to_kv_pool_allocator",
+                                                 "token_to_kv_pool", "req_to_token_pool")
+                               if name in inspect.getsource(worker_mod.DDTreeWorkerV2.__init__)]
+
     # --- the DDTree verify input as the attention backends see it ------------------------
     out["verify_input"] = None
     if out["hooks"]:

@@ -219,6 +219,18 @@ def test_cuda_graph_inputs_carry_mask_for_target_only(probes):
     assert off["graph_spec_info"]["target"] == [32, False]  # stock FlashInfer: no mask
 
 
+def test_compaction_pool_is_resolved_after_sglang_allocates_it(probes):
+    """SGLang 0.5.17 builds the draft worker before the KV pools (init_model_worker: draft
+    worker, then init_memory_pools, then init_all_cuda_graphs), so the constructor must not
+    read the pools; the compaction resolves at the first call with an allocator, once."""
+    draft, pools, graphs = probes["on"]["init_order"]
+    assert 0 <= draft < pools < graphs
+    assert probes["on"]["init_reads_pools"] == []
+    assert probes["on"]["compaction_lazy"] == {
+        "before_pools": None, "unresolved": True, "after_pools": [None, None],
+        "resolved_once": True}
+
+
 def test_fused_kv_compaction_only_for_the_stock_mha_pool(probes):
     """The one-launch compaction addresses MHATokenToKVPool's buffers as its tiled copy does;
     a pool that moves otherwise (page-major, HND, native move, its own move_kv_cache, no

@@ -116,6 +116,19 @@ def _renorm_kernels(sampling_backend, device):
     return renorm
 
 
+_UNRESOLVED = object()  # a lazily resolved attribute's "not yet"
+
+
+def load_compaction(kv_pool):
+    """(pool, kv_compact_triton) where the one-launch compaction serves ``kv_pool`` (the
+    target's), else None."""
+    pool = compaction_pool(kv_pool)
+    if pool is None or not use_triton(pool.data_ptrs):
+        return None
+    kernel = triton_module("sglang_dflash.ddtree.kv_compact_triton")
+    return None if kernel is None else (pool, kernel)
+
+
 def compaction_pool(pool):
     """``pool`` when its KV move is ``MHATokenToKVPool``'s own tiled copy (base pointers and
     bytes per slot: what ``kv_compact_triton`` addresses), else None (SGLang's move then).
@@ -246,7 +259,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._active_budget = budget
         self._policy_rounds = 0
         self._seen_rids: set = set()  # requests a top-budget round has measured
-        self._compaction = self._load_compaction()
+        # (pool, kernel) | None once resolved: the target's KV pool exists only after
+        # SGLang's Scheduler.init_memory_pools, which runs after this constructor.
+        self._compaction = _UNRESOLVED
         self._plant = self._load_plant()
         self._device_plant = None  # built at the first planted round, on the draft's device
         self._plant_keys: dict = {}  # rid -> (prompt ids, prompt length), for the plant
@@ -284,27 +299,30 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 build_tree(*warm_up_inputs(self.ddtree.max_depth, self._topk_k, self.device), n)
                 if kernels is not None:  # the verify mask and accept tail at this width
                     kernels.warm_up(n + 1, self.ddtree.max_depth, self.device)
-        self._warm_up_compaction()
         if is_cuda():
             torch.cuda.synchronize(self.device)
         logger.info("DDTree tree builder ready in %.2f s.", time.monotonic() - t0)
 
-    def _load_compaction(self):
+    def _compaction_kernel(self):
         """(pool, kv_compact_triton) where the one-launch KV compaction serves this server
         (``compaction_pool``, a GPU pool, triton, not SGLANG_DFLASH_DDTREE_IMPL=torch), else
-        None: SGLang's move then."""
-        pool = compaction_pool(self.model_runner.token_to_kv_pool_allocator.get_kvcache())
-        if pool is None or not use_triton(pool.data_ptrs):
-            return None
-        kernel = triton_module("sglang_dflash.ddtree.kv_compact_triton")
-        return None if kernel is None else (pool, kernel)
+        None: SGLang's move then. Resolved once, at the first call after SGLang allocated the
+        target's pool (``init_cuda_graphs``' warm-up, or the first round); before that the
+        allocator is None and so is the answer."""
+        if self._compaction is _UNRESOLVED:
+            allocator = self.model_runner.token_to_kv_pool_allocator
+            if allocator is None:
+                return None
+            self._compaction = load_compaction(allocator.get_kvcache())
+        return self._compaction
 
     def _warm_up_compaction(self):
         """Compile the KV compaction kernel now: a one-request batch whose only accepted node
         is the root, which moves nothing (slot 0, the pool's padding slot, is all it reads)."""
-        if self._compaction is None:
+        compaction = self._compaction_kernel()
+        if compaction is None:
             return
-        pool, kernel = self._compaction
+        pool, kernel = compaction
         dev = self.device
         idx = torch.full((1, self.ddtree.max_depth + 1), -1, dtype=torch.int32, device=dev)
         idx[:, 0] = 0
@@ -315,6 +333,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             self.model_runner.req_to_token_pool.req_to_token, zeros, zeros, idx,
             torch.zeros(1, dtype=torch.int32, device=dev), self.ddtree.verify_width,
         )
+        torch.cuda.synchronize(dev)
 
     def _warm_up_plant(self):
         """TEST-ONLY: compile the plant's Triton kernel now (float32 log-probs, int64 ids: the
@@ -430,6 +449,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if self._draft_sampler is not None and self._draft_sampler is not self._topk_head:
             raise RuntimeError("DDTree draft head was not installed")
         self._init_budget_targets()
+        self._warm_up_compaction()  # the target's KV pool exists from here on
 
     def _init_budget_targets(self):
         """One target attention backend + verify CUDA graphs per candidate budget.
@@ -980,8 +1000,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         that skips nodes already in place (``kv_compact_triton``) where the pool is
         ``MHATokenToKVPool``'s layout and the walk gave int32 outputs; SGLang's
         ``move_accept_tokens_to_target_kvcache`` otherwise."""
-        if self._compaction is not None and acc.index_i32 is not None:
-            pool, kernel = self._compaction
+        compaction = self._compaction_kernel()
+        if compaction is not None and acc.index_i32 is not None:
+            pool, kernel = compaction
             kernel.compact_triton(
                 pool.data_ptrs, pool.data_strides, pool._kv_copy_config, batch.out_cache_loc,
                 self.model_runner.req_to_token_pool.req_to_token, batch.req_pool_indices,
