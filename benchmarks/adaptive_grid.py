@@ -948,8 +948,9 @@ class Grid:
             return
         # Not SGLANG_DFLASH_DDTREE_PROFILE: the per-round profiler adds host work.
         env = {"SGLANG_DFLASH_DDTREE_PLANT": str(plant)}
-        steps = int(self.opts.settings.get("nodraft_steps", 1))
-        if mode.policy == "adaptive" and steps != 1:  # the no-draft round's decode steps
+        steps = int(self.opts.settings.get("nodraft_steps",
+                                           overlay_settings.DEFAULT_NODRAFT_STEPS))
+        if mode.policy == "adaptive":  # the no-draft round's decode steps, explicitly
             env[overlay_settings.NODRAFT_STEPS_ENV] = str(steps)
         cfg = server_config(self.opts, name, mode, env)
         first = True  # nothing benched on this server yet: the next level runs the warm-up
@@ -1164,9 +1165,10 @@ def build_parser() -> Parser:
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--adaptive-budget", type=int, default=64,
                     help="ddtree-adaptive's largest budget")
-    ap.add_argument("--nodraft-steps", default="1",
+    ap.add_argument("--nodraft-steps", default=str(overlay_settings.DEFAULT_NODRAFT_STEPS),
                     help="decode steps of the adaptive server's no-draft round "
-                    "(SGLANG_DFLASH_DDTREE_NODRAFT_STEPS, 1..64)")
+                    "(SGLANG_DFLASH_DDTREE_NODRAFT_STEPS, 1..64, default "
+                    f"{overlay_settings.DEFAULT_NODRAFT_STEPS}, the server's)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the prompts")
     ap.add_argument("--port", type=int, default=e2e.PORT)
     ap.add_argument("--time-budget-s", type=float, default=0, help="0 = unbounded")

@@ -86,6 +86,7 @@ GEN_TOKENS = 64
 PORT = 30000
 # sglang_overlay.settings.NODRAFT_STEPS_ENV (tests/overlay/test_policy.py checks they agree)
 NODRAFT_STEPS_ENV = "SGLANG_DFLASH_DDTREE_NODRAFT_STEPS"
+DEFAULT_NODRAFT_STEPS = 8  # ... and its DEFAULT_NODRAFT_STEPS (the same test)
 BLOCK = DRAFT_CONFIG["block_size"]
 # Plant: one rank schedule per prompt, in rising share of rank-0 plants (cycled over the
 # continuation). 0 = on the rank-0 spine, 1..3 = a branch off it, -1 = absent from the top-K.
@@ -232,7 +233,7 @@ class Opts:
     clock: Clock
     curve: bool = False
     suffix: str = ""  # "@triton": this step's backend differs from --backend
-    nodraft_steps: int = 1  # adaptive servers' no-draft decode steps (1 = the server default)
+    nodraft_steps: int = 8  # adaptive servers' no-draft decode steps (set explicitly)
 
     @property
     def tag(self) -> str:
@@ -817,8 +818,7 @@ def step_seeded(opts: Opts, step: str) -> dict:
     name = f"seeded-{'adaptive-' if adaptive else ''}{budget}{opts.tag}"
     plant_path = opts.out / f"{name}.json"
     plant_path.write_text(json.dumps(plant_document(outs)))
-    steps = {NODRAFT_STEPS_ENV: str(opts.nodraft_steps)} if adaptive and \
-        opts.nodraft_steps != 1 else None
+    steps = {NODRAFT_STEPS_ENV: str(opts.nodraft_steps)} if adaptive else None
     cfg = instance_config(opts, name, "ddtree", budget, extra_args=det, plant=plant_path,
                           policy="adaptive" if adaptive else None, environment=steps)
     rec["nodraft_steps"] = opts.nodraft_steps if adaptive else None
@@ -905,8 +905,9 @@ def main() -> int:
                          "results.json on the same machine, instead of starting serve:none again")
     ap.add_argument("--time-budget-s", type=float, default=0,
                     help="skip steps/benches that cannot finish within this many seconds")
-    ap.add_argument("--nodraft-steps", type=int, default=1,
-                    help=f"seeded:adaptive servers: {NODRAFT_STEPS_ENV} (1..64)")
+    ap.add_argument("--nodraft-steps", type=int, default=DEFAULT_NODRAFT_STEPS,
+                    help=f"seeded:adaptive servers: {NODRAFT_STEPS_ENV} (1..64, default "
+                    f"{DEFAULT_NODRAFT_STEPS}, the server's)")
     ap.add_argument("steps", nargs="+")
     args = ap.parse_args()
     if not 1 <= args.nodraft_steps <= 64:

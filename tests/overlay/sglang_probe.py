@@ -230,6 +230,29 @@ def main(model: str, draft: str) -> dict:
                                                  "token_to_kv_pool", "req_to_token_pool")
                                if name in inspect.getsource(worker_mod.DDTreeWorkerV2.__init__)]
 
+    # --- what the sync-free width-1 verify plan (fast_plan.py) relies on -------------------
+    from sglang.srt.layers.attention import flashinfer_backend as fib
+
+    sig = inspect.signature(fib.fast_prefill_plan)
+    fb_src = inspect.getsource(fib.FlashInferAttnBackend)
+    updater_src = inspect.getsource(fib)
+    out["fast_plan_facts"] = {
+        "host_kwonly": sorted(n for n, prm in sig.parameters.items()
+                              if prm.kind is inspect.Parameter.KEYWORD_ONLY),
+        "prefill_backend_fa2": 'self.prefill_backend = "fa2"' in fb_src,
+        "dispatched_on_func": "begin_forward.func is fast_prefill_plan" in updater_src,
+        "host_seq_lens_required": "fast_prefill_plan replay requires host-known seq_lens_cpu"
+        in updater_src,
+        "unmasked_wrapper_without_buf": '"custom_mask_buf": self.cuda_graph_custom_mask'
+        in inspect.getsource(fib.FlashInferAttnBackend._create_prefill_wrappers),
+        "verify_not_installed_upstream": "prefill_cuda_graph_metadata[bs]:\n"
+        not in fb_src and "for w in self.prefill_cuda_graph_metadata" not in fb_src,
+    }
+    out["width1_tokens_per_req"] = worker_mod.DDTreeVerifyInput(
+        draft_token=torch.zeros(2, dtype=torch.long), positions=torch.zeros(2, dtype=torch.long),
+        draft_token_num=1, custom_mask=None,
+    ).num_tokens_per_req
+
     # --- the DDTree verify input as the attention backends see it ------------------------
     out["verify_input"] = None
     if out["hooks"]:

@@ -307,3 +307,4 @@ def test_the_scripts_nodraft_variable_is_the_overlays():
     from sglang_dflash.sglang_overlay import settings
 
     assert _gpu_e2e().NODRAFT_STEPS_ENV == settings.NODRAFT_STEPS_ENV
+    assert _gpu_e2e().DEFAULT_NODRAFT_STEPS == settings.DEFAULT_NODRAFT_STEPS

@@ -217,7 +217,9 @@ def test_multi_step_fallback_counts_its_tokens():
 
 def test_nodraft_steps_setting():
     env = settings.NODRAFT_STEPS_ENV
-    assert settings.nodraft_steps_from_env(16, {}) == settings.DEFAULT_NODRAFT_STEPS == 1
+    assert settings.nodraft_steps_from_env(16, {}) == settings.DEFAULT_NODRAFT_STEPS == 8
+    assert settings.nodraft_steps_from_env(4, {}) == 4  # the default is capped too
+    assert settings.nodraft_steps_from_env(16, {env: "1"}) == 1  # one step: the old round
     assert settings.nodraft_steps_from_env(16, {env: "3"}) == 3
     assert settings.nodraft_steps_from_env(4, {env: "12"}) == 4  # capped by the draft width
     for bad, needle in (("x", "not an integer"), ("0", "outside 1..64"), ("65", "outside")):

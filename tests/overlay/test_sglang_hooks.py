@@ -231,6 +231,21 @@ def test_compaction_pool_is_resolved_after_sglang_allocates_it(probes):
         "resolved_once": True}
 
 
+def test_the_fast_verify_plan_matches_sglangs_flashinfer_backend(probes):
+    """fast_plan.py installs SGLang's own ``fast_prefill_plan`` on the width-1 verify wrappers:
+    its host layout is keyword-only, the updater takes it when ``begin_forward.func`` is that
+    function (and then needs host seq_lens and the spec input's tokens per request, 1 at width
+    1), SGLang plans fa2 and builds unmasked wrappers without a mask buffer, and 0.5.17 does not
+    install it on verify wrappers itself."""
+    facts = probes["on"]["fast_plan_facts"]
+    assert facts["host_kwonly"] == ["kv_indptr_host", "kv_lens_host", "max_kv_len",
+                                    "max_q_len", "qo_indptr_host"]
+    assert all(facts[k] for k in ("prefill_backend_fa2", "dispatched_on_func",
+                                  "host_seq_lens_required", "unmasked_wrapper_without_buf",
+                                  "verify_not_installed_upstream")), facts
+    assert probes["on"]["width1_tokens_per_req"] == 1
+
+
 def test_fused_kv_compaction_only_for_the_stock_mha_pool(probes):
     """The one-launch compaction addresses MHATokenToKVPool's buffers as its tiled copy does;
     a pool that moves otherwise (page-major, HND, native move, its own move_kv_cache, no

@@ -19,8 +19,10 @@ BUDGET_ENV = "SGLANG_DFLASH_DDTREE_BUDGET"
 POLICY_ENV = "SGLANG_DFLASH_DDTREE_POLICY"
 # ``torch``: the torch tree builder on CUDA too (default ``auto``: the Triton kernel there).
 IMPL_ENV = "SGLANG_DFLASH_DDTREE_IMPL"
-# Decode steps in one no-draft round of the adaptive policy (default 1: a single step).
+# Decode steps in one no-draft round of the adaptive policy (default 8).
 NODRAFT_STEPS_ENV = "SGLANG_DFLASH_DDTREE_NODRAFT_STEPS"
+# ``1``: the no-draft (width-1) verify graphs plan FlashInfer without a host sync (fast_plan.py).
+FAST_PLAN_ENV = "SGLANG_DFLASH_DDTREE_FAST_PLAN"
 # Test-only and diagnostic switches (sglang_overlay/diagnostics/): a plant file, a per-round
 # profile file and its window, a first-round trace directory and its batch-size count.
 PLANT_ENV = "SGLANG_DFLASH_DDTREE_PLANT"
@@ -111,14 +113,15 @@ def policy_from_env(budget: int, environ: Mapping[str, str] | None = None):
 # A no-draft round can run several plain decode steps, so SGLang's per-round speculative
 # bookkeeping and the round's fixed stages (docs/gpu-results.md §20) are paid once per k
 # tokens, not per token; capped by the draft width (the round's KV slots, the drafter's
-# block). Default 1 (one step, the round verified on the H200) until the k-step round has run
-# on a GPU: docs/ddtree.md, "Known problems".
-DEFAULT_NODRAFT_STEPS = 1
+# block). Default 8: on the H200 (docs/gpu-results.md §21) k = 8 was token-identical to no
+# speculation (greedy on two planted regimes, seeded T > 0 at bs 1, 8, 32) and took 4.1-5.2
+# ms a token where the one-step round took 5.9-9.0.
+DEFAULT_NODRAFT_STEPS = 8
 MAX_NODRAFT_STEPS = 64
 
 
 def parse_nodraft_steps(raw: str | None) -> int:
-    """``SGLANG_DFLASH_DDTREE_NODRAFT_STEPS``: 1..64, default 1; else a one-line error."""
+    """``SGLANG_DFLASH_DDTREE_NODRAFT_STEPS``: 1..64, default 8; else a one-line error."""
     if raw is None or not raw.strip():
         return DEFAULT_NODRAFT_STEPS
     try:
@@ -134,6 +137,22 @@ def parse_nodraft_steps(raw: str | None) -> int:
             "no-draft round)"
         )
     return value
+
+
+def parse_fast_plan(raw: str | None) -> bool:
+    """``SGLANG_DFLASH_DDTREE_FAST_PLAN``: ``1`` on, ``0`` or unset off; else a one-line error.
+    Off by default until the sync-free width-1 plan has run on a GPU (docs/ddtree.md)."""
+    value = (raw or "").strip()
+    if value in ("", "0"):
+        return False
+    if value == "1":
+        return True
+    raise DDTreeConfigError(f"{FAST_PLAN_ENV}={raw!r}: expected 1 (on) or 0 (off, the default)")
+
+
+def fast_plan_from_env(environ: Mapping[str, str] | None = None) -> bool:
+    env = os.environ if environ is None else environ
+    return parse_fast_plan(env.get(FAST_PLAN_ENV))
 
 
 def nodraft_steps_from_env(draft_width: int, environ: Mapping[str, str] | None = None) -> int:

@@ -57,8 +57,8 @@ from sglang_dflash.ddtree.tree import (
     warm_up_inputs,
 )
 from sglang_dflash.sglang_overlay import adaptive as adaptive_mod
+from sglang_dflash.sglang_overlay import fast_plan, settings
 from sglang_dflash.sglang_overlay import policy as policy_mod
-from sglang_dflash.sglang_overlay import settings
 from sglang_dflash.sglang_overlay.draft_head import DraftTopKHead, draft_topk
 from sglang_dflash.sglang_overlay.timing import stage_ranges
 from sglang_dflash.sglang_overlay.verify import (
@@ -245,6 +245,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         # a no-draft round's decode steps (adaptive policy only: a fixed budget never falls
         # back); the policy counts them as budget 0's accept length
         self._nodraft_steps = settings.nodraft_steps_from_env(self.ddtree.draft_width)
+        self._fast_plan = settings.fast_plan_from_env()
         if self._policy_spec.adaptive:
             self._policy = policy_mod.AdaptivePolicy(self._policy_spec.schedule,
                                                      nodraft_tokens=self._nodraft_steps)
@@ -450,6 +451,13 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             raise RuntimeError("DDTree draft head was not installed")
         self._init_budget_targets()
         self._warm_up_compaction()  # the target's KV pool exists from here on
+        if self._fast_plan:  # every verify-mode graph of the round: planned without a sync
+            self._install_fast_plan(self.draft_model_runner.attn_backend, "drafter")
+            for n, (backend, graphs) in sorted(self._targets.items()):
+                if graphs is not None:
+                    self._install_fast_plan(backend, f"verify at width {n + 1}")
+            if is_cuda() and any(n > 0 for n in self._targets):
+                fast_plan.warm_up_pack(self.device)
 
     def _init_budget_targets(self):
         """One target attention backend + verify CUDA graphs per candidate budget.
@@ -510,6 +518,20 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                     "DDTree adaptive: budget %d (verify width %d) ready in %.1f s, graphs at "
                     "bs %s.", n, n + 1, time.monotonic() - t0, capture or "none (eager)",
                 )  # fmt: skip
+
+    def _install_fast_plan(self, backend, what: str) -> None:
+        """``backend``'s verify-mode graphs plan FlashInfer from the host layout, without its
+        D2H syncs; a tree verify's mask is packed on the GPU first (fast_plan.py)."""
+        try:
+            from sglang.srt.layers.attention.flashinfer_backend import fast_prefill_plan
+        except ImportError as exc:
+            installed, reason = 0, f"no fast_prefill_plan in this SGLang ({exc})"
+        else:
+            installed, reason = fast_plan.install(backend, fast_prefill_plan,
+                                                  fast_plan.pack_custom_mask)
+        if self.ps.tp_rank == 0:
+            logger.info("DDTree %s: sync-free FlashInfer plan on %d graph wrapper(s)%s.", what,
+                        installed, f"; not on the rest: {reason}" if reason else "")
 
     def _root_round(self, bs: int) -> RootRound:
         """The budget-0 round's constant tensors for this batch size (made on first use)."""
@@ -934,8 +956,10 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             batch.seq_lens_cpu = draft_input.reserved_seq_lens_cpu
             host_sum = int(draft_input.reserved_seq_lens_sum)
             batch.seq_lens_sum = host_sum
-        else:
-            host_sum = int(prefix_lens.sum().item()) + bs * width
+        else:  # no host lengths at all: read them (one sync), so every plan has them
+            bound = prefix_lens.to("cpu", torch.int64) + width
+            host_sum = int(bound.sum())
+            batch.seq_lens_cpu, batch.seq_lens_sum = bound, host_sum
         # Every prefix is below the context length, so cap the mask there: the Triton backend
         # copies it into a buffer sized max_bs * W * (context_len + W).
         mask_sum = min(host_sum, bs * int(self.model_runner.model_config.context_len))
