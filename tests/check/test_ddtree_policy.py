@@ -92,7 +92,19 @@ def test_evaluate_policy_pass_fail_skip():
     steps = live.evaluate_ddtree_policy(_info(state | {"nodraft_steps": 8}), AUTO16)
     assert steps.found.startswith(f"policy {AUTO16} (budget 16, no-draft round of 8 decode steps)")
     one = live.evaluate_ddtree_policy(_info(state | {"nodraft_steps": 1}), AUTO16)
-    assert one.found == ok.found  # the default single step is not worth a mention
+    assert one.found == ok.found  # a single step is not worth a mention
+    off = live.evaluate_ddtree_policy(_info(state | {"fast_plan": "off"}), AUTO16)
+    assert off.found == ok.found
+    on = live.evaluate_ddtree_policy(_info(state | {"fast_plan": "on"}), AUTO16)
+    assert on.found.startswith(f"policy {AUTO16} (budget 16, sync-free plan on);")
+    held = live.evaluate_ddtree_policy(_info(state | {
+        "fast_plan": "check", "fast_plan_checks": {"rounds": 40, "violations": 0}}), AUTO16)
+    assert held.status == "PASS"
+    assert "(budget 16, sync-free plan check (40 rounds checked));" in held.found
+    broke = live.evaluate_ddtree_policy(_info(state | {
+        "fast_plan": "check", "fast_plan_checks": {"rounds": 40, "violations": 3}}), AUTO16)
+    assert broke.status == "FAIL" and "in 3 of 40 rounds" in broke.found
+    assert "SGLANG_DFLASH_DDTREE_FAST_PLAN=0" in broke.fix
 
 
 def test_check_url_reports_the_running_policy(tmp_path: Path, standin_server) -> None:

@@ -78,12 +78,30 @@ def test_a_non_flashinfer_backend_is_named():
 
 def test_switch_is_off_by_default_and_strict():
     env = settings.FAST_PLAN_ENV
-    assert settings.fast_plan_from_env({}) is False
-    assert settings.fast_plan_from_env({env: "0"}) is False
-    assert settings.fast_plan_from_env({env: " 1 "}) is True
-    for bad in ("yes", "2", "true"):
-        with pytest.raises(settings.DDTreeConfigError, match="expected 1 \\(on\\) or 0"):
+    assert settings.fast_plan_from_env({}) == "off"
+    assert settings.fast_plan_from_env({env: "0"}) == "off"
+    assert settings.fast_plan_from_env({env: " 1 "}) == "on"
+    assert settings.fast_plan_from_env({env: "check"}) == "check"
+    for bad in ("yes", "2", "true", "CHECK"):
+        with pytest.raises(settings.DDTreeConfigError, match="expected 1 \\(on\\), check"):
             settings.fast_plan_from_env({env: bad})
+
+
+def test_bound_check_names_the_rows_below_the_device():
+    import torch
+
+    dev = torch.tensor([10, 20, 30])
+    assert fast_plan.bound_violation(dev, torch.tensor([10, 25, 30]), None, 16) is None
+    why = fast_plan.bound_violation(dev, torch.tensor([9, 25, 29]), None, 16)
+    assert why == ("fast plan host bound below the device prefix (seq_lens_cpu; 2 row(s)): "
+                   "row 0: device 10 > host 9, row 2: device 30 > host 29")
+    # no host lengths: the reserved lengths less a block are the bound
+    assert fast_plan.bound_violation(dev, None, torch.tensor([26, 36, 46]), 16) is None
+    assert "row 1: device 20 > host 19" in fast_plan.bound_violation(
+        dev, None, torch.tensor([26, 35, 46]), 16)
+    assert fast_plan.bound_violation(dev, None, None, 16) is None  # read back: nothing to check
+    short = fast_plan.bound_violation(dev, torch.tensor([10, 20]), None, 16)
+    assert "row 2: device 30 > host None" in short
 
 
 HOST = {"qo_indptr_host": "qo_h", "kv_indptr_host": "kv_h", "kv_lens_host": "lens_h",

@@ -201,8 +201,18 @@ def evaluate_ddtree_policy(info: dict, expected: str | None) -> Result:
                       f"it as {settings.POLICY_ENV}) and restart")
     steps = state.get("nodraft_steps")
     fallback = f", no-draft round of {steps} decode steps" if steps and steps > 1 else ""
+    fast, checks = state.get("fast_plan"), state.get("fast_plan_checks") or {}
+    plan = f", sync-free plan {fast}" if fast in ("on", "check") else ""
+    if checks:
+        plan += f" ({checks.get('rounds', 0)} rounds checked)"
+    if checks.get("violations"):
+        return failed(LAYER, "ddtree_policy", f"policy {policy}: the sync-free plan's host bound "
+                      f"was below the device prefix in {checks['violations']} of "
+                      f"{checks.get('rounds', 0)} rounds (outputs may differ)",
+                      f"set {settings.FAST_PLAN_ENV}=0 for this server and report the server log's "
+                      "'fast plan host bound' lines")
     return passed(LAYER, "ddtree_policy", f"policy {policy} (budget {state.get('budget')}"
-                  f"{fallback}){learnt}")
+                  f"{fallback}{plan}){learnt}")
 
 
 def evaluate_metrics(status: int | None, body: object, expected: bool | None) -> Result:

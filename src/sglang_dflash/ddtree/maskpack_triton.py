@@ -58,7 +58,7 @@ def pack_triton(mask: torch.Tensor, bit_indptr: torch.Tensor, out: torch.Tensor,
     seg = bit_indptr[1:] - bit_indptr[:-1]
     byte_indptr = torch.zeros_like(bit_indptr)
     torch.cumsum((seg + 7) // 8, 0, out=byte_indptr[1:])
-    out_indptr.copy_(byte_indptr)
+    out_indptr[: byte_indptr.numel()].copy_(byte_indptr)  # FlashInfer's buffer: bs+1 long
     bs = seg.shape[0]
     n_blocks = max(1, triton.cdiv(triton.cdiv(int(max_block_bits), 8), BLOCK_BYTES))
     if bs:

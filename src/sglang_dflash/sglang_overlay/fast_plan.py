@@ -17,7 +17,8 @@ the drafter's block forward and the width-1 verify (no custom mask) take it as i
 verify (a custom-mask buffer) takes ``MaskedFastPlan``, which first packs the mask into the
 wrapper's buffers on the GPU (``ddtree.maskpack_triton``, what FlashInfer's plan does with a
 sync), then calls ``fast_prefill_plan``. Off unless ``SGLANG_DFLASH_DDTREE_FAST_PLAN=1`` until
-it has run on a GPU (docs/ddtree.md, "Known problems").
+it has run on a GPU (docs/ddtree.md, "Known problems"); ``=check`` also compares, every round,
+the host bound against the device lengths (``bound_violation``; one sync a round).
 """
 
 from __future__ import annotations
@@ -124,3 +125,29 @@ def warm_up_pack(device) -> None:
     out = torch.zeros(8, dtype=torch.uint8, device=device)
     pack_custom_mask(mask, qo, kv, last, 1, out, torch.zeros(2, dtype=torch.int32,
                                                              device=device), 3)
+
+
+def bound_violation(device_prefix, host_prefix, reserved, width: int) -> str | None:
+    """Where a plan's host bound would be below the device: the fast plan reads kv lengths
+    from the host, and a bound below the real length would cut a request's attention short.
+    ``device_prefix``: the committed prefixes (read back, CPU); ``host_prefix``: the batch's
+    ``seq_lens_cpu`` (or None), to which every plan adds its own width; ``reserved``:
+    ``reserved_seq_lens_cpu``, used as the kv bound as it is, so it must hold the widest
+    forward of the round (``width``: the larger of the draft block and the verify). One line
+    naming the first rows, or None when every bound holds."""
+    dev = [int(x) for x in device_prefix.tolist()]
+    if host_prefix is not None:
+        host = [int(x) for x in host_prefix.tolist()][:len(dev)]
+        what = "seq_lens_cpu"
+    elif reserved is not None:
+        host = [int(x) - int(width) for x in reserved.tolist()][:len(dev)]
+        what = f"reserved_seq_lens_cpu - {int(width)}"
+    else:
+        return None  # the round reads the lengths back itself
+    bad = [(i, d, h) for i, (d, h) in enumerate(zip(dev, host, strict=False)) if d > h]
+    if len(host) < len(dev):
+        bad.append((len(host), dev[len(host)], None))
+    if not bad:
+        return None
+    rows = ", ".join(f"row {i}: device {d} > host {h}" for i, d, h in bad[:3])
+    return f"fast plan host bound below the device prefix ({what}; {len(bad)} row(s)): {rows}"

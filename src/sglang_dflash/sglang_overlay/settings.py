@@ -139,18 +139,23 @@ def parse_nodraft_steps(raw: str | None) -> int:
     return value
 
 
-def parse_fast_plan(raw: str | None) -> bool:
-    """``SGLANG_DFLASH_DDTREE_FAST_PLAN``: ``1`` on, ``0`` or unset off; else a one-line error.
-    Off by default until the sync-free width-1 plan has run on a GPU (docs/ddtree.md)."""
-    value = (raw or "").strip()
-    if value in ("", "0"):
-        return False
-    if value == "1":
-        return True
-    raise DDTreeConfigError(f"{FAST_PLAN_ENV}={raw!r}: expected 1 (on) or 0 (off, the default)")
+FAST_PLAN_MODES = {"": "off", "0": "off", "1": "on", "check": "check"}
 
 
-def fast_plan_from_env(environ: Mapping[str, str] | None = None) -> bool:
+def parse_fast_plan(raw: str | None) -> str:
+    """``SGLANG_DFLASH_DDTREE_FAST_PLAN``: ``1`` on, ``check`` on and every round checks the
+    host bound it plans from against the device lengths (one sync a round: for validation),
+    ``0`` or unset off; else a one-line error. Off by default until the sync-free plan has run
+    on a GPU (docs/ddtree.md)."""
+    mode = FAST_PLAN_MODES.get((raw or "").strip())
+    if mode is None:
+        raise DDTreeConfigError(
+            f"{FAST_PLAN_ENV}={raw!r}: expected 1 (on), check (on, bounds checked every round) "
+            "or 0 (off, the default)")
+    return mode
+
+
+def fast_plan_from_env(environ: Mapping[str, str] | None = None) -> str:
     env = os.environ if environ is None else environ
     return parse_fast_plan(env.get(FAST_PLAN_ENV))
 

@@ -245,7 +245,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         # a no-draft round's decode steps (adaptive policy only: a fixed budget never falls
         # back); the policy counts them as budget 0's accept length
         self._nodraft_steps = settings.nodraft_steps_from_env(self.ddtree.draft_width)
-        self._fast_plan = settings.fast_plan_from_env()
+        self._fast_plan = settings.fast_plan_from_env()  # "off" | "on" | "check"
+        self._plan_checks = self._plan_violations = 0  # rounds checked, bounds below the device
         if self._policy_spec.adaptive:
             self._policy = policy_mod.AdaptivePolicy(self._policy_spec.schedule,
                                                      nodraft_tokens=self._nodraft_steps)
@@ -451,7 +452,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             raise RuntimeError("DDTree draft head was not installed")
         self._init_budget_targets()
         self._warm_up_compaction()  # the target's KV pool exists from here on
-        if self._fast_plan:  # every verify-mode graph of the round: planned without a sync
+        if self._fast_plan != "off":  # every verify-mode graph of the round, without a sync
             self._install_fast_plan(self.draft_model_runner.attn_backend, "drafter")
             for n, (backend, graphs) in sorted(self._targets.items()):
                 if graphs is not None:
@@ -585,7 +586,11 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
     def policy_summary(self) -> dict:
         """The policy and what each batch size has learnt (logged; read by diagnostics)."""
-        out = {"policy": self._policy_spec.describe(), "budget": self.ddtree.budget}
+        out = {"policy": self._policy_spec.describe(), "budget": self.ddtree.budget,
+               "fast_plan": self._fast_plan}
+        if self._fast_plan == "check":
+            out["fast_plan_checks"] = {"rounds": self._plan_checks,
+                                       "violations": self._plan_violations}
         if self._policy is not None:
             out["nodraft_steps"] = self._nodraft_steps
             out["slots"] = self._policy.summary()
@@ -744,6 +749,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
     def _ddtree_round_body(self, batch, draft_input, on_publish, ranges):
         bs = len(batch.seq_lens)
+        if self._fast_plan == "check":
+            self._check_plan_bound(batch, draft_input)
         with ranges("choose"):
             budget, key = self._choose_budget(batch, bs)
         if budget == 0 and self._nodraft_steps > 1:
@@ -787,6 +794,19 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 meter.end(key, budget, bs, cands[0], counts)
             return self._round_result(target_out, acc.out_tokens, acc.commit_lens, acc.bonus,
                                       new_seq_lens)
+
+    def _check_plan_bound(self, batch, draft_input) -> None:
+        """``SGLANG_DFLASH_DDTREE_FAST_PLAN=check``: the host bound the fast plan reads against
+        the device prefixes (a sync); every violation is logged (the first 5 in full)."""
+        why = fast_plan.bound_violation(batch.seq_lens.cpu(), batch.seq_lens_cpu,
+                                        getattr(draft_input, "reserved_seq_lens_cpu", None),
+                                        max(self.block_size, self.ddtree.verify_width))
+        self._plan_checks += 1
+        if why is not None:
+            self._plan_violations += 1
+            if self._plan_violations <= 5:
+                logger.error("DDTree %s (round %d, violation %d).", why, self._plan_checks,
+                             self._plan_violations)
 
     def _round_result(self, target_out, out_tokens, commit_lens, bonus, new_seq_lens):
         """What SGLang's spec-v2 scheduler takes from a round: ``out_tokens`` ``[bs, B]``
