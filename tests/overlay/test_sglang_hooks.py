@@ -114,9 +114,9 @@ def _one_line_error(entry: dict, *needles: str) -> str:
     return err
 
 
-def test_entry_point_registers_eight_around_hooks(probes):
+def test_entry_point_registers_nine_around_hooks(probes):
     on = probes["on"]
-    assert len(on["hooks"]) == 8
+    assert len(on["hooks"]) == 9
     assert on["patched"] == on["hooks"]
     assert all(on["wrapped"].values())
 

@@ -41,6 +41,8 @@ TARGETS = {
     "flashinfer_workspace": "sglang.srt.layers.attention.flashinfer_backend."
     "FlashInferAttnBackend.__init__",
     "internal_state": "sglang.srt.managers.scheduler.Scheduler.get_internal_state",
+    "split_verify": "sglang.srt.layers.attention.flashinfer_backend."
+    "FlashInferAttnBackend.forward_extend",
 }
 
 
@@ -71,6 +73,7 @@ def handle_dflash(original, server_args):
         enable_dp_attention=_dp_attention(server_args),
         draft_window_size=getattr(server_args, "speculative_draft_window_size", None),
         speculative_num_draft_tokens=server_args.speculative_num_draft_tokens,
+        split_verify=settings.split_verify_from_env(),
     )
     reason = settings.unsupported_reason(facts, budget)
     if reason is not None:
@@ -155,18 +158,99 @@ def dummy_verify(
 def graph_spec_info(original, self, num_tokens):
     """Target verify graphs must be captured with a custom-mask buffer (FlashInfer, Triton),
     except at width 1: the adaptive policy's no-draft verify is causal (one query, its prefix
-    and itself), so its graphs are captured as stock DFLASH captures them, without a mask."""
+    and itself), so its graphs are captured as stock DFLASH captures them, without a mask.
+    With the split verify (``SGLANG_DFLASH_DDTREE_SPLIT_VERIFY=1``) a tree verify is captured
+    without a mask too, and its tree block reads the runner's visibility buffer, which each
+    round fills before the replay (``split_visibility_buffer``)."""
     info = original(self, num_tokens)
     runner = self.model_runner
+    width = int(getattr(self, "captured_req_width", 0) or 0)
     if (
         info is not None
         and _active()
         and runner.spec_algorithm.is_dflash()
         and not runner.is_draft_worker
-        and int(getattr(self, "captured_req_width", 0) or 0) != 1
+        and width != 1
     ):
+        if settings.split_verify_from_env() and width > 1:
+            from sglang_dflash.sglang_overlay.worker import DDTreeVerifyInput
+
+            bs = int(num_tokens) // width
+            split = DDTreeVerifyInput(
+                draft_token=info.draft_token, positions=info.positions,
+                draft_token_num=width, custom_mask=None,
+                capture_hidden_mode=info.capture_hidden_mode,
+            )
+            split.split_visibility = split_visibility_buffer(self, width)[: bs * width * width]
+            split.split_visibility = split.split_visibility.view(bs, width, width)
+            return split
         info.custom_mask = self.buffers.custom_mask
     return info
+
+
+def split_visibility_buffer(runner, width: int):
+    """The graph runner's ``[max_bs * W * W]`` bool buffer its split-verify graphs read the tree
+    visibility from (made at its first capture; a round copies its tree's into it)."""
+    buf = getattr(runner, "_ddtree_split_visibility", None)
+    if buf is None:
+        import torch
+
+        buf = torch.zeros(int(runner.max_bs) * width * width, dtype=torch.bool,
+                          device=runner.model_runner.device)
+        runner._ddtree_split_visibility = buf
+    return buf
+
+
+def split_verify_reason(backend, layer) -> str | None:
+    """Why this layer's tree verify cannot be split (one line), or None: the split runs
+    FlashInfer's unmasked prefix attention and the tree block with the layer's own scale, so
+    anything else that shapes the scores must be absent."""
+    if getattr(layer, "is_cross_attention", False):
+        return "a cross-attention layer"
+    if getattr(layer, "logit_cap", 0) and layer.logit_cap > 0:
+        return f"logit soft-capping ({layer.logit_cap})"
+    if getattr(layer, "sliding_window_size", -1) not in (None, -1):
+        return f"a sliding window ({layer.sliding_window_size})"
+    if getattr(backend, "prefill_uses_dequant_workspace", False):
+        return "an FP4 KV cache (dequant workspace)"
+    md = getattr(backend, "forward_metadata", None)
+    mip = getattr(md, "multi_item_params", None)
+    if mip is not None and mip.is_enabled():
+        return "multi-item scoring"
+    return None
+
+
+def split_verify(original, self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+    """FlashInfer's ``forward_extend`` for a split tree verify: the verify tokens' KV saved as
+    upstream saves it, FlashInfer's paged attention over the prefix alone without a mask (the
+    verify input planned it over the prefix: ``DDTreeVerifyInput.generate_attn_arg_prefill``),
+    then the tree block folded in (``ddtree/tree_attn_triton.py``). Every other call is
+    upstream's."""
+    vis = getattr(forward_batch.spec_info, "split_visibility", None)
+    if vis is None or k is None or not forward_batch.forward_mode.is_target_verify():
+        return original(self, q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
+    why = split_verify_reason(self, layer)
+    if why is not None:
+        raise settings.DDTreeConfigError(
+            f"{settings.SPLIT_VERIFY_ENV}=1 cannot split this target's verify: {why}; unset it")
+    from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+    from sglang_dflash.ddtree.tree_attn_triton import tree_attn_triton
+
+    heads, kv_heads, dim = layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim
+    q = q.contiguous().view(-1, heads, dim)
+    k = k.view(-1, kv_heads, dim)
+    v = v.view(-1, kv_heads, dim)
+    if save_kv_cache:
+        self.token_to_kv_pool.set_kv_buffer(
+            layer, KVWriteLoc(forward_batch.out_cache_loc, self.forward_metadata.swa_out_cache_loc),
+            k, v, *self._kv_write_scales(layer))
+    wrapper = self.forward_metadata.prefill_wrappers[self._get_wrapper_idx(layer)]
+    o_pre, lse_pre = wrapper.forward_return_lse(
+        q, self.token_to_kv_pool.get_kv_buffer(layer.layer_id), causal=False,
+        sm_scale=layer.scaling, k_scale=layer.k_scale_float, v_scale=layer.v_scale_float)
+    out = tree_attn_triton(q, k.to(q.dtype), v.to(q.dtype), vis, o_pre, lse_pre, layer.scaling)
+    return out.view(-1, heads * dim)
 
 
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
@@ -277,6 +361,7 @@ HOOKS = {
     "validate_request": validate_request,
     "flashinfer_workspace": flashinfer_workspace,
     "internal_state": internal_state,
+    "split_verify": split_verify,
 }
 
 

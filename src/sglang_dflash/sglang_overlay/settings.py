@@ -23,6 +23,9 @@ IMPL_ENV = "SGLANG_DFLASH_DDTREE_IMPL"
 NODRAFT_STEPS_ENV = "SGLANG_DFLASH_DDTREE_NODRAFT_STEPS"
 # ``1``: the no-draft (width-1) verify graphs plan FlashInfer without a host sync (fast_plan.py).
 FAST_PLAN_ENV = "SGLANG_DFLASH_DDTREE_FAST_PLAN"
+# ``1``: a tree verify's attention split in two: FlashInfer without a mask over the prefix, the
+# tree block (W x W) in one Triton launch (ddtree/tree_attn_triton.py, hooks.split_verify).
+SPLIT_VERIFY_ENV = "SGLANG_DFLASH_DDTREE_SPLIT_VERIFY"
 # Test-only and diagnostic switches (sglang_overlay/diagnostics/): a plant file, a per-round
 # profile file and its window, a first-round trace directory and its batch-size count.
 PLANT_ENV = "SGLANG_DFLASH_DDTREE_PLANT"
@@ -160,6 +163,22 @@ def fast_plan_from_env(environ: Mapping[str, str] | None = None) -> str:
     return parse_fast_plan(env.get(FAST_PLAN_ENV))
 
 
+def parse_split_verify(raw: str | None) -> bool:
+    """``SGLANG_DFLASH_DDTREE_SPLIT_VERIFY``: ``1`` on, ``0`` or unset off (the default until it
+    has run on a GPU); else a one-line error."""
+    value = (raw or "").strip()
+    if value in ("", "0"):
+        return False
+    if value == "1":
+        return True
+    raise DDTreeConfigError(f"{SPLIT_VERIFY_ENV}={raw!r}: expected 1 (on) or 0 (off, the default)")
+
+
+def split_verify_from_env(environ: Mapping[str, str] | None = None) -> bool:
+    env = os.environ if environ is None else environ
+    return parse_split_verify(env.get(SPLIT_VERIFY_ENV))
+
+
 def nodraft_steps_from_env(draft_width: int, environ: Mapping[str, str] | None = None) -> int:
     """Decode steps per no-draft round: the setting, capped by the draft width."""
     env = os.environ if environ is None else environ
@@ -184,6 +203,7 @@ class TargetFacts:
     enable_dp_attention: bool = False
     draft_window_size: int | None = None
     speculative_num_draft_tokens: int | None = None
+    split_verify: bool = False
 
 
 def unsupported_reason(facts: TargetFacts, budget: int) -> str | None:
@@ -214,6 +234,11 @@ def unsupported_reason(facts: TargetFacts, budget: int) -> str | None:
         return (
             f"DDTree ({BUDGET_ENV}={budget}) does not support --speculative-draft-window-size "
             "yet; drop it"
+        )
+    if facts.split_verify and "triton" in {v for v in backends.values() if v is not None}:
+        return (
+            f"{SPLIT_VERIFY_ENV}=1 splits FlashInfer's verify attention; the target runs "
+            "triton attention: use --attention-backend flashinfer or unset it"
         )
     n = facts.speculative_num_draft_tokens
     if n is not None and int(n) != budget + 1:

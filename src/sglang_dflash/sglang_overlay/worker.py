@@ -21,6 +21,7 @@ import time
 from typing import Any, NamedTuple
 
 import torch
+from sglang.kernels.ops.attention.utils import create_flashinfer_kv_indices_triton
 from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
 from sglang.kernels.ops.speculative.dflash import _prepare_dflash_draft_block_unchecked
 from sglang.srt.configs.hybrid_arch import mambaish_config
@@ -190,6 +191,32 @@ class DDTreeVerifyInput(DFlashVerifyInput):
     """
 
     tree: Any = None
+    # [bs, W, W] bool: the tree's visibility when the verify's attention is split
+    # (SGLANG_DFLASH_DDTREE_SPLIT_VERIFY=1); then custom_mask is None
+    split_visibility: Any = None
+
+    def generate_attn_arg_prefill(self, req_pool_indices, paged_kernel_lens,
+                                  paged_kernel_lens_sum, req_to_token, kv_start_idx=None):
+        """FlashInfer's verify layout. Split: the paged attention covers each request's prefix
+        alone (no mask; the W tree keys come from the tree block, ``hooks.split_verify``);
+        otherwise DFlash's, prefix + W with the tree's FULL_MASK."""
+        if self.split_visibility is None:
+            return super().generate_attn_arg_prefill(
+                req_pool_indices, paged_kernel_lens, paged_kernel_lens_sum, req_to_token,
+                kv_start_idx=kv_start_idx)
+        device, bs, width = req_pool_indices.device, len(req_pool_indices), self.draft_token_num
+        qo_indptr = torch.arange(0, (bs + 1) * width, step=width, dtype=torch.int32,
+                                 device=device)
+        cum_kv = torch.zeros((bs + 1,), dtype=torch.int32, device=device)
+        cum_kv[1:] = torch.cumsum(paged_kernel_lens, dim=0)
+        # paged_kernel_lens_sum is the host bound of the prefixes plus W each: room to spare
+        kv_indices = torch.empty(int(paged_kernel_lens_sum) + width * bs, dtype=torch.int32,
+                                 device=device)
+        create_flashinfer_kv_indices_triton[(bs,)](
+            req_to_token, req_pool_indices, paged_kernel_lens, cum_kv, kv_start_idx,
+            kv_indices, req_to_token.size(1),
+        )
+        return kv_indices, cum_kv, qo_indptr, None
 
     @property
     def max_tree_depth(self) -> int:
@@ -246,6 +273,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         # back); the policy counts them as budget 0's accept length
         self._nodraft_steps = settings.nodraft_steps_from_env(self.ddtree.draft_width)
         self._fast_plan = settings.fast_plan_from_env()  # "off" | "on" | "check"
+        self._split_verify = settings.split_verify_from_env()
         self._plan_checks = self._plan_violations = 0  # rounds checked, bounds below the device
         if self._policy_spec.adaptive:
             self._policy = policy_mod.AdaptivePolicy(self._policy_spec.schedule,
@@ -983,7 +1011,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         # Every prefix is below the context length, so cap the mask there: the Triton backend
         # copies it into a buffer sized max_bs * W * (context_len + W).
         mask_sum = min(host_sum, bs * int(self.model_runner.model_config.context_len))
-        vt = build_verify_tensors(tree, prefix_lens, mask_sum, masked=width > 1)
+        split = self._split_verify and width > 1
+        vt = build_verify_tensors(tree, prefix_lens, mask_sum, masked=width > 1 and not split)
         verify_input = DDTreeVerifyInput(
             draft_token=vt.tokens,
             positions=vt.positions,
@@ -992,10 +1021,25 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             capture_hidden_mode=CaptureHiddenMode.FULL,
         )
         verify_input.tree = tree
+        if split:
+            verify_input.split_visibility = self._split_visibility(tree.visibility, bs, width)
         batch.out_cache_loc = verify_loc
         verify_fb, _ = verify_input.prepare_for_verify(batch, self._target_worker)
         batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu_backup, seq_lens_sum_backup
         return verify_fb, vt
+
+    def _split_visibility(self, visibility, bs: int, width: int):
+        """The tree's visibility for the split verify's tree block: copied into the active
+        verify graph runner's buffer, which its captured graphs read (``hooks.graph_spec_info``;
+        padded rows keep stale values, and their outputs are dropped); the tensor itself for an
+        eager forward."""
+        runner = self._target_worker.model_runner.decode_cuda_graph_runner
+        buf = getattr(runner, "_ddtree_split_visibility", None)
+        n = bs * width * width
+        if buf is not None and int(getattr(runner, "captured_req_width", 0) or 0) == width \
+                and n <= buf.numel():
+            buf[:n].copy_(visibility.reshape(-1))
+        return visibility
 
     def _node_choice(self, sampling_info, logits, vt, bs: int, width: int):
         """The target's token after every node: argmax, a seeded draw, or a sample."""
