@@ -150,6 +150,13 @@ def main() -> dict:
             refusals[name] = None
         except Exception as exc:
             refusals[name] = f"{type(exc).__name__}: {exc}"
+    fp8 = SimpleNamespace(**{**vars(backend), "token_to_kv_pool": SimpleNamespace(
+        dtype=torch.float8_e4m3fn)})
+    try:
+        hooks.split_verify(lambda *a, **kw: None, fp8, q, k, v, layer, fb)
+        refusals["fp8"] = None
+    except Exception as exc:
+        refusals["fp8"] = f"{type(exc).__name__}: {exc}"
     out["refusals"] = refusals
     out["finite"] = bool(torch.isfinite(got).all()) and not math.isnan(out["forward"]["max_err"])
     return out

@@ -51,6 +51,7 @@ def test_what_cannot_be_split_is_refused_with_one_line(probe):
     assert r["softcap"].endswith("cannot split this target's verify: logit soft-capping (30.0); "
                                  "unset it")
     assert "a sliding window (4)" in r["window"] and "a cross-attention layer" in r["cross"]
+    assert "a torch.float8_e4m3fn KV cache under torch.float32 attention" in r["fp8"]
 
 
 def test_switch_and_startup_refusal():

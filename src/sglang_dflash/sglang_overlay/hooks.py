@@ -201,10 +201,14 @@ def split_visibility_buffer(runner, width: int):
     return buf
 
 
-def split_verify_reason(backend, layer) -> str | None:
+def split_verify_reason(backend, layer, dtype=None) -> str | None:
     """Why this layer's tree verify cannot be split (one line), or None: the split runs
     FlashInfer's unmasked prefix attention and the tree block with the layer's own scale, so
-    anything else that shapes the scores must be absent."""
+    anything else that shapes the scores must be absent, and the tree block reads the verify
+    tokens' keys as computed, so the KV cache must hold them in the same dtype."""
+    kv_dtype = getattr(getattr(backend, "token_to_kv_pool", None), "dtype", None)
+    if dtype is not None and kv_dtype is not None and kv_dtype != dtype:
+        return f"a {kv_dtype} KV cache under {dtype} attention (a quantized KV cache)"
     if getattr(layer, "is_cross_attention", False):
         return "a cross-attention layer"
     if getattr(layer, "logit_cap", 0) and layer.logit_cap > 0:
@@ -229,7 +233,7 @@ def split_verify(original, self, q, k, v, layer, forward_batch, save_kv_cache=Tr
     vis = getattr(forward_batch.spec_info, "split_visibility", None)
     if vis is None or k is None or not forward_batch.forward_mode.is_target_verify():
         return original(self, q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
-    why = split_verify_reason(self, layer)
+    why = split_verify_reason(self, layer, q.dtype)
     if why is not None:
         raise settings.DDTreeConfigError(
             f"{settings.SPLIT_VERIFY_ENV}=1 cannot split this target's verify: {why}; unset it")
