@@ -89,6 +89,25 @@ def test_a_node_sees_only_its_ancestors_among_the_tree_keys():
     assert not torch.equal(moved[j], base[j])  # a node always sees itself
 
 
+def test_strided_views_of_a_fused_qkv_give_the_same_output():
+    """k and v as SGLang's RadixAttention hands them: views of one fused projection (row
+    stride > heads x dim), and a non-unit last stride copied first."""
+    q, k, v, vis, kp, vp = _case(9, [3, 8], 5)
+    scale = 0.25
+    o_pre, lse_pre = ta.prefix_attn_reference(q, kp, vp, 5, scale)
+    base = ta.tree_attn_triton(q, k, v, vis, o_pre, lse_pre, scale)
+    n, hk, d = k.shape
+    fused = torch.cat([q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1)], dim=1)
+    qs = fused[:, : q.shape[1] * d].view(n, q.shape[1], d)
+    ks = fused[:, q.shape[1] * d: q.shape[1] * d + hk * d].view(n, hk, d)
+    vs = fused[:, q.shape[1] * d + hk * d:].view(n, hk, d)
+    assert ks.stride(0) != hk * d
+    assert torch.equal(ta.tree_attn_triton(qs, ks, vs, vis, o_pre, lse_pre, scale), base)
+    kt = k.transpose(1, 2).contiguous().transpose(1, 2)  # last stride != 1
+    assert kt.stride(-1) != 1
+    assert torch.equal(ta.tree_attn_triton(q, kt, v, vis, o_pre, lse_pre, scale), base)
+
+
 def test_bad_shapes_are_refused():
     q, k, v, vis, kp, vp = _case(8, [3], 4)
     o_pre, lse_pre = ta.prefix_attn_reference(q, kp, vp, 4, 1.0)

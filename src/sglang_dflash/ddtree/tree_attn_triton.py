@@ -100,6 +100,9 @@ def tree_attn_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visibili
         raise ValueError(f"tree attention: q {tuple(q.shape)}, k {tuple(k.shape)}, "
                          f"visibility {tuple(visibility.shape)}")
     group = heads // kv_heads
+    # the kernel steps the head dimension by 1 (a slice of a fused qkv keeps that; a
+    # transposed view would not)
+    q, k, v, o_prefix = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, o_prefix))
     out = torch.empty_like(q) if out is None else out
     block_w, block_r = block_sizes(width, group)
     grid = (bs, kv_heads, triton.cdiv(width * group, block_r))
