@@ -40,7 +40,7 @@ def test_hook_table_registers_every_hook_once_as_around():
     reg = _Registry()
     hook_type = SimpleNamespace(AROUND="around")
     targets = hooks.register_all(reg, hook_type)
-    assert len(targets) == len(set(targets)) == len(hooks.HOOKS) == 8
+    assert len(targets) == len(set(targets)) == len(hooks.HOOKS) == 9
     assert set(hooks.HOOKS) == set(hooks.TARGETS)
     assert all(t.startswith("sglang.srt.") for t in targets)
     assert [c[0] for c in reg.calls] == targets
