@@ -25,7 +25,7 @@ def main() -> dict:
 
     from sglang_dflash.ddtree import tree_attn_triton as ta
     from sglang_dflash.ddtree.tree import build_tree
-    from sglang_dflash.sglang_overlay import hooks
+    from sglang_dflash.sglang_overlay import hooks, split_verify
     from sglang_dflash.sglang_overlay.worker import DDTreeVerifyInput
 
     out: dict = {}
@@ -52,7 +52,7 @@ def main() -> dict:
         "type": type(cap).__name__, "custom_mask": cap.custom_mask,
         "vis_shape": list(cap.split_visibility.shape), "buf_numel": buf.numel(),
         "vis_is_buf_view": cap.split_visibility.data_ptr() == buf.data_ptr(),
-        "again_same_buf": hooks.split_visibility_buffer(runner, width) is buf,
+        "again_same_buf": split_verify.visibility_buffer(runner, width) is buf,
     }
     runner1 = SimpleNamespace(**{**vars(runner), "captured_req_width": 1})
     del runner1._ddtree_split_visibility

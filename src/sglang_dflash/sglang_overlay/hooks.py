@@ -161,7 +161,7 @@ def graph_spec_info(original, self, num_tokens):
     and itself), so its graphs are captured as stock DFLASH captures them, without a mask.
     With the split verify (``SGLANG_DFLASH_DDTREE_SPLIT_VERIFY=1``) a tree verify is captured
     without a mask too, and its tree block reads the runner's visibility buffer, which each
-    round fills before the replay (``split_visibility_buffer``)."""
+    round fills before the replay (``split_verify.visibility_buffer``)."""
     info = original(self, num_tokens)
     runner = self.model_runner
     width = int(getattr(self, "captured_req_width", 0) or 0)
@@ -181,80 +181,24 @@ def graph_spec_info(original, self, num_tokens):
                 draft_token_num=width, custom_mask=None,
                 capture_hidden_mode=info.capture_hidden_mode,
             )
-            split.split_visibility = split_visibility_buffer(self, width)[: bs * width * width]
-            split.split_visibility = split.split_visibility.view(bs, width, width)
+            from sglang_dflash.sglang_overlay.split_verify import visibility_buffer
+
+            split.split_visibility = visibility_buffer(self, width)[: bs * width * width].view(
+                bs, width, width)
             return split
         info.custom_mask = self.buffers.custom_mask
     return info
 
 
-def split_visibility_buffer(runner, width: int):
-    """The graph runner's ``[max_bs * W * W]`` bool buffer its split-verify graphs read the tree
-    visibility from (made at its first capture; a round copies its tree's into it)."""
-    buf = getattr(runner, "_ddtree_split_visibility", None)
-    if buf is None:
-        import torch
-
-        buf = torch.zeros(int(runner.max_bs) * width * width, dtype=torch.bool,
-                          device=runner.model_runner.device)
-        runner._ddtree_split_visibility = buf
-    return buf
-
-
-def split_verify_reason(backend, layer, dtype=None) -> str | None:
-    """Why this layer's tree verify cannot be split (one line), or None: the split runs
-    FlashInfer's unmasked prefix attention and the tree block with the layer's own scale, so
-    anything else that shapes the scores must be absent, and the tree block reads the verify
-    tokens' keys as computed, so the KV cache must hold them in the same dtype."""
-    kv_dtype = getattr(getattr(backend, "token_to_kv_pool", None), "dtype", None)
-    if dtype is not None and kv_dtype is not None and kv_dtype != dtype:
-        return f"a {kv_dtype} KV cache under {dtype} attention (a quantized KV cache)"
-    if getattr(layer, "is_cross_attention", False):
-        return "a cross-attention layer"
-    if getattr(layer, "logit_cap", 0) and layer.logit_cap > 0:
-        return f"logit soft-capping ({layer.logit_cap})"
-    if getattr(layer, "sliding_window_size", -1) not in (None, -1):
-        return f"a sliding window ({layer.sliding_window_size})"
-    if getattr(backend, "prefill_uses_dequant_workspace", False):
-        return "an FP4 KV cache (dequant workspace)"
-    md = getattr(backend, "forward_metadata", None)
-    mip = getattr(md, "multi_item_params", None)
-    if mip is not None and mip.is_enabled():
-        return "multi-item scoring"
-    return None
-
-
 def split_verify(original, self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-    """FlashInfer's ``forward_extend`` for a split tree verify: the verify tokens' KV saved as
-    upstream saves it, FlashInfer's paged attention over the prefix alone without a mask (the
-    verify input planned it over the prefix: ``DDTreeVerifyInput.generate_attn_arg_prefill``),
-    then the tree block folded in (``ddtree/tree_attn_triton.py``). Every other call is
-    upstream's."""
+    """FlashInfer's ``forward_extend``: a split tree verify (its spec input carries the tree's
+    visibility) takes ``split_verify.forward``; every other call is upstream's."""
     vis = getattr(forward_batch.spec_info, "split_visibility", None)
     if vis is None or k is None or not forward_batch.forward_mode.is_target_verify():
         return original(self, q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
-    why = split_verify_reason(self, layer, q.dtype)
-    if why is not None:
-        raise settings.DDTreeConfigError(
-            f"{settings.SPLIT_VERIFY_ENV}=1 cannot split this target's verify: {why}; unset it")
-    from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+    from sglang_dflash.sglang_overlay import split_verify as split_mod
 
-    from sglang_dflash.ddtree.tree_attn_triton import tree_attn_triton
-
-    heads, kv_heads, dim = layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim
-    q = q.contiguous().view(-1, heads, dim)
-    k = k.view(-1, kv_heads, dim)
-    v = v.view(-1, kv_heads, dim)
-    if save_kv_cache:
-        self.token_to_kv_pool.set_kv_buffer(
-            layer, KVWriteLoc(forward_batch.out_cache_loc, self.forward_metadata.swa_out_cache_loc),
-            k, v, *self._kv_write_scales(layer))
-    wrapper = self.forward_metadata.prefill_wrappers[self._get_wrapper_idx(layer)]
-    o_pre, lse_pre = wrapper.forward_return_lse(
-        q, self.token_to_kv_pool.get_kv_buffer(layer.layer_id), causal=False,
-        sm_scale=layer.scaling, k_scale=layer.k_scale_float, v_scale=layer.v_scale_float)
-    out = tree_attn_triton(q, k.to(q.dtype), v.to(q.dtype), vis, o_pre, lse_pre, layer.scaling)
-    return out.view(-1, heads * dim)
+    return split_mod.forward(self, q, k, v, layer, forward_batch, vis, save_kv_cache)
 
 
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
