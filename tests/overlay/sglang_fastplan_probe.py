@@ -13,9 +13,9 @@ FlashInfer's own ``plan`` would have put there (``segment_packbits`` semantics).
 
 from __future__ import annotations
 
-import json
-import traceback
 from types import SimpleNamespace
+
+from probe_output import report  # a sibling: the scripts run from this directory
 
 
 def stand_in_wrapper(torch, bs: int, max_bs: int, max_tokens: int, masked: bool):
@@ -115,8 +115,4 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        result = main()
-    except Exception:
-        result = {"crash": traceback.format_exc()}
-    print("PROBE-JSON " + json.dumps(result))
+    report(main)

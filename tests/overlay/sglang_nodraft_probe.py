@@ -11,9 +11,9 @@ Prints one ``PROBE-JSON`` object.
 
 from __future__ import annotations
 
-import json
-import traceback
 from types import SimpleNamespace
+
+from probe_output import report  # a sibling: the scripts run from this directory
 
 
 def main() -> dict:
@@ -89,8 +89,4 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        out = main()
-    except Exception:
-        out = {"crash": traceback.format_exc()}
-    print("PROBE-JSON " + json.dumps(out))
+    report(main)

@@ -8,11 +8,11 @@ whether hooks exist depends on SGLANG_DFLASH_DDTREE_BUDGET in this process's env
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import traceback
 from types import SimpleNamespace
+
+from probe_output import report  # a sibling: the scripts run from this directory
 
 BUDGET = "SGLANG_DFLASH_DDTREE_BUDGET"
 
@@ -388,8 +388,4 @@ def main(model: str, draft: str) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        result = main(sys.argv[1], sys.argv[2])
-    except Exception:
-        result = {"crash": traceback.format_exc()}
-    print("PROBE-JSON " + json.dumps(result))
+    report(main, sys.argv[1], sys.argv[2])

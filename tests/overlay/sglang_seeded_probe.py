@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import torch
+from probe_output import PREFIX  # a sibling: the scripts run from this directory
 from sglang.srt.layers import sampler as sgl_sampler
 
 from sglang_dflash.sglang_overlay.verify import seeded_node_targets
@@ -39,4 +40,4 @@ out = {
         seeded_node_targets(logits, width, temps, seeds + 100, positions,
                             sgl_sampler.multinomial_with_seed), got_simple),
 }
-print("PROBE-JSON " + json.dumps(out))
+print(PREFIX + json.dumps(out))

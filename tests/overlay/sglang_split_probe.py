@@ -14,10 +14,10 @@ Prints one ``PROBE-JSON`` object.
 
 from __future__ import annotations
 
-import json
 import math
-import traceback
 from types import SimpleNamespace
+
+from probe_output import report  # a sibling: the scripts run from this directory
 
 
 def main() -> dict:
@@ -59,6 +59,18 @@ def main() -> dict:
     one = hooks.graph_spec_info(original, runner1, 2)
     out["capture_width1"] = {"type": type(one).__name__, "custom_mask": one.custom_mask,
                              "has_buf": hasattr(runner1, "_ddtree_split_visibility")}
+
+    # --- a round's visibility into the runner's buffer (worker._verify_inputs) -----------
+    vis = torch.rand(2, width, width, generator=g) < 0.5
+    split_verify.fill_visibility(runner, vis, width)
+    other = torch.zeros_like(buf)
+    other_runner = SimpleNamespace(captured_req_width=width + 1,
+                                   _ddtree_split_visibility=other)
+    split_verify.fill_visibility(other_runner, vis, width)  # another width: untouched
+    split_verify.fill_visibility(None, vis, width)  # no graphs: nothing to copy
+    out["fill"] = {"copied": bool(torch.equal(buf[:vis.numel()], vis.reshape(-1))),
+                   "tail_untouched": not bool(buf[vis.numel():].any()),
+                   "other_width_untouched": not bool(other.any())}
 
     # --- the paged layout: prefixes only -------------------------------------------------
     logp = torch.log_softmax(torch.randn(bs, width - 1, 3, generator=g), -1)
@@ -163,8 +175,4 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        result = main()
-    except Exception:
-        result = {"crash": traceback.format_exc()}
-    print("PROBE-JSON " + json.dumps(result))
+    report(main)

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from probe_output import PREFIX
 
 HERE = Path(__file__).resolve().parent
 SITE_ENV = "SGLANG_DFLASH_SGLANG_SITE"
@@ -75,9 +76,9 @@ def _run_script(py: Path, script: str, args: list[str], env: dict, cwd: Path | N
         env=env,
         cwd=None if cwd is None else str(cwd),
     )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE-JSON ")]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(PREFIX)]
     assert lines, f"probe printed no result (rc={proc.returncode}): {proc.stderr[-2000:]}"
-    data = json.loads(lines[-1][len("PROBE-JSON ") :])
+    data = json.loads(lines[-1][len(PREFIX) :])
     assert "crash" not in data, data.get("crash")
     return data
 

@@ -31,6 +31,11 @@ def test_a_split_capture_has_no_mask_and_reads_the_runners_visibility_buffer(pro
                                        "has_buf": False}
 
 
+def test_a_round_fills_the_buffer_of_the_runner_that_replays_it(probe):
+    assert probe["fill"] == {"copied": True, "tail_untouched": True,
+                             "other_width_untouched": True}
+
+
 def test_the_paged_attention_covers_the_prefixes_only(probe):
     lay = probe["layout"]
     assert lay["kv_indptr"] == [0, 6, 7, 16] and lay["qo_indptr"] == [0, 5, 10, 15]

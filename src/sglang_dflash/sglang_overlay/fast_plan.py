@@ -51,6 +51,10 @@ def wrapper_reason(wrapper: Any, plan_fn) -> str | None:
     return None
 
 
+# The keywords SGLang adds for ``fast_prefill_plan`` (FlashInfer's own plan takes none of them).
+HOST_LAYOUT = ("qo_indptr_host", "kv_indptr_host", "kv_lens_host", "max_q_len", "max_kv_len")
+
+
 class MaskedFastPlan:
     """``begin_forward`` of a masked (tree) verify wrapper: the custom mask packed into the
     wrapper's ``custom_mask_buf`` / ``mask_indptr_buf`` on the GPU, then ``fast_prefill_plan``.
@@ -69,9 +73,7 @@ class MaskedFastPlan:
         positional = (qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len,
                       num_qo_heads, num_kv_heads, head_dim_qk, page_size, *args)
         if custom_mask is None:
-            host = ("qo_indptr_host", "kv_indptr_host", "kv_lens_host", "max_q_len",
-                    "max_kv_len")
-            rest = {k: v for k, v in kwargs.items() if k not in host}
+            rest = {k: v for k, v in kwargs.items() if k not in HOST_LAYOUT}
             return self._upstream(*positional, custom_mask=None, **rest)
         self._pack(custom_mask, qo_indptr, paged_kv_indptr, paged_kv_last_page_len, page_size,
                    self.wrapper._custom_mask_buf, self.wrapper._mask_indptr_buf,

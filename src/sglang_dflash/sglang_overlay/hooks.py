@@ -173,6 +173,7 @@ def graph_spec_info(original, self, num_tokens):
         and width != 1
     ):
         if settings.split_verify_from_env() and width > 1:
+            from sglang_dflash.sglang_overlay.split_verify import visibility_buffer
             from sglang_dflash.sglang_overlay.worker import DDTreeVerifyInput
 
             bs = int(num_tokens) // width
@@ -181,8 +182,6 @@ def graph_spec_info(original, self, num_tokens):
                 draft_token_num=width, custom_mask=None,
                 capture_hidden_mode=info.capture_hidden_mode,
             )
-            from sglang_dflash.sglang_overlay.split_verify import visibility_buffer
-
             split.split_visibility = visibility_buffer(self, width)[: bs * width * width].view(
                 bs, width, width)
             return split

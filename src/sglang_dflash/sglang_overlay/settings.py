@@ -143,6 +143,16 @@ def parse_nodraft_steps(raw: str | None) -> int:
 
 
 FAST_PLAN_MODES = {"": "off", "0": "off", "1": "on", "check": "check"}
+SPLIT_VERIFY_MODES = {"": False, "0": False, "1": True}
+
+
+def _parse_switch(raw: str | None, name: str, modes: dict, expected: str):
+    """A switch's value (``modes`` maps its spellings, unset = ``""``), else a one-line error
+    naming what ``name`` takes."""
+    value = modes.get((raw or "").strip())
+    if value is None:
+        raise DDTreeConfigError(f"{name}={raw!r}: expected {expected}")
+    return value
 
 
 def parse_fast_plan(raw: str | None) -> str:
@@ -150,12 +160,8 @@ def parse_fast_plan(raw: str | None) -> str:
     host bound it plans from against the device lengths (one sync a round: for validation),
     ``0`` or unset off; else a one-line error. Off by default until the sync-free plan has run
     on a GPU (docs/ddtree.md)."""
-    mode = FAST_PLAN_MODES.get((raw or "").strip())
-    if mode is None:
-        raise DDTreeConfigError(
-            f"{FAST_PLAN_ENV}={raw!r}: expected 1 (on), check (on, bounds checked every round) "
-            "or 0 (off, the default)")
-    return mode
+    return _parse_switch(raw, FAST_PLAN_ENV, FAST_PLAN_MODES,
+                         "1 (on), check (on, bounds checked every round) or 0 (off, the default)")
 
 
 def fast_plan_from_env(environ: Mapping[str, str] | None = None) -> str:
@@ -166,12 +172,8 @@ def fast_plan_from_env(environ: Mapping[str, str] | None = None) -> str:
 def parse_split_verify(raw: str | None) -> bool:
     """``SGLANG_DFLASH_DDTREE_SPLIT_VERIFY``: ``1`` on, ``0`` or unset off (the default until it
     has run on a GPU); else a one-line error."""
-    value = (raw or "").strip()
-    if value in ("", "0"):
-        return False
-    if value == "1":
-        return True
-    raise DDTreeConfigError(f"{SPLIT_VERIFY_ENV}={raw!r}: expected 1 (on) or 0 (off, the default)")
+    return _parse_switch(raw, SPLIT_VERIFY_ENV, SPLIT_VERIFY_MODES,
+                         "1 (on) or 0 (off, the default)")
 
 
 def split_verify_from_env(environ: Mapping[str, str] | None = None) -> bool:

@@ -8,8 +8,8 @@ alone (``worker.DDTreeVerifyInput.generate_attn_arg_prefill``), ``forward`` runs
 log-sum-exp and folds in the tree block (``ddtree/tree_attn_triton.py``). The verify graphs are
 captured without a mask (``hooks.graph_spec_info``) and read the tree's visibility from their
 runner's buffer (``visibility_buffer``), which each round fills before the replay
-(``worker.DDTreeWorkerV2._split_visibility``); FlashInfer's ``forward_extend`` reaches
-``forward`` through the around hook ``hooks.split_verify``.
+(``fill_visibility``, from ``worker.DDTreeWorkerV2._verify_inputs``); FlashInfer's
+``forward_extend`` reaches ``forward`` through the around hook ``hooks.split_verify``.
 """
 
 from __future__ import annotations
@@ -28,6 +28,17 @@ def visibility_buffer(runner, width: int):
                           device=runner.model_runner.device)
         runner._ddtree_split_visibility = buf
     return buf
+
+
+def fill_visibility(runner, visibility, width: int) -> None:
+    """Copy a round's tree visibility ``[bs, W, W]`` into ``runner``'s buffer when its graphs
+    are split verifies of this width (padded rows keep stale values; their outputs are
+    dropped). No buffer (no graphs, another width, an eager forward): nothing to copy."""
+    buf = getattr(runner, "_ddtree_split_visibility", None)
+    n = visibility.numel()
+    if buf is not None and int(getattr(runner, "captured_req_width", 0) or 0) == width \
+            and n <= buf.numel():
+        buf[:n].copy_(visibility.reshape(-1))
 
 
 def refusal(backend, layer, dtype=None) -> str | None:

@@ -58,7 +58,7 @@ from sglang_dflash.ddtree.tree import (
     warm_up_inputs,
 )
 from sglang_dflash.sglang_overlay import adaptive as adaptive_mod
-from sglang_dflash.sglang_overlay import fast_plan, settings
+from sglang_dflash.sglang_overlay import fast_plan, settings, split_verify
 from sglang_dflash.sglang_overlay import policy as policy_mod
 from sglang_dflash.sglang_overlay.draft_head import DraftTopKHead, draft_topk
 from sglang_dflash.sglang_overlay.timing import stage_ranges
@@ -1021,25 +1021,14 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             capture_hidden_mode=CaptureHiddenMode.FULL,
         )
         verify_input.tree = tree
-        if split:
-            verify_input.split_visibility = self._split_visibility(tree.visibility, bs, width)
+        if split:  # the graphs read the runner's copy; an eager forward reads the tensor
+            split_verify.fill_visibility(self._target_worker.model_runner.decode_cuda_graph_runner,
+                                         tree.visibility, width)
+            verify_input.split_visibility = tree.visibility
         batch.out_cache_loc = verify_loc
         verify_fb, _ = verify_input.prepare_for_verify(batch, self._target_worker)
         batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu_backup, seq_lens_sum_backup
         return verify_fb, vt
-
-    def _split_visibility(self, visibility, bs: int, width: int):
-        """The tree's visibility for the split verify's tree block: copied into the active
-        verify graph runner's buffer, which its captured graphs read (``hooks.graph_spec_info``;
-        padded rows keep stale values, and their outputs are dropped); the tensor itself for an
-        eager forward."""
-        runner = self._target_worker.model_runner.decode_cuda_graph_runner
-        buf = getattr(runner, "_ddtree_split_visibility", None)
-        n = bs * width * width
-        if buf is not None and int(getattr(runner, "captured_req_width", 0) or 0) == width \
-                and n <= buf.numel():
-            buf[:n].copy_(visibility.reshape(-1))
-        return visibility
 
     def _node_choice(self, sampling_info, logits, vt, bs: int, width: int):
         """The target's token after every node: argmax, a seeded draw, or a sample."""
