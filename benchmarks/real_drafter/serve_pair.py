@@ -335,11 +335,28 @@ def timed_level(url: str, prompts: list[dict], c: int) -> dict:
             "ms_per_round": round(1000 * wall / rounds, 3) if rounds else None}
 
 
+def median_run(runs: list[dict]) -> dict:
+    """The run of median wall time among a level's repeats (the lower middle of an even
+    count): one stalled wave neither hides nor becomes the figure."""
+    ranked = sorted(runs, key=lambda r: r["wall_s"])
+    return ranked[(len(ranked) - 1) // 2]
+
+
+def timed_levels(url: str, prompts: list[dict], levels, repeats: int) -> tuple[list, list]:
+    """Each level ``repeats`` times, level by level: (the median run per level, every run in
+    order). The first run at a level is the first time the server sees that batch size
+    outside its warm-up, so a per-shape stall (a lazy compile) shows as its outlier."""
+    runs = [[timed_level(url, prompts, c) for _ in range(repeats)] for c in levels]
+    return [median_run(r) for r in runs], runs
+
+
 def profile_mode(opts, pair: Path, mode: str, backend: str, prompts: list[dict],
                  steps: int) -> dict:
-    """One server of ``mode``, profiled at each of ``opts.profile_levels`` (default
-    PROFILE_LEVELS) after a warm-up."""
+    """One server of ``mode``, timed (``opts.timed_repeats`` runs per level) and then profiled
+    at each of ``opts.profile_levels`` (default PROFILE_LEVELS) after a warm-up; ``steps`` 0
+    times without profiling."""
     levels = getattr(opts, "profile_levels", PROFILE_LEVELS)
+    repeats = getattr(opts, "timed_repeats", 1)
     name = "profile-" + file_name(mode) + f"-{backend}"
     cfg = pair_config(pair, name, mode, backend, port=opts.port, dummy=opts.dummy,
                       graph_max_bs=opts.graph_max_bs)
@@ -347,9 +364,9 @@ def profile_mode(opts, pair: Path, mode: str, backend: str, prompts: list[dict],
         rec |= {"mode": f"profile:{mode}", "label": mode_label(mode), "backend": backend}
         if rec["ready_seconds"]:
             run_requests(url, prompts[:8], None, parallel=True)  # warm-up: graphs, JIT
-            rec["timed"] = [timed_level(url, prompts, c) for c in levels]
+            rec["timed"], rec["timed_runs"] = timed_levels(url, prompts, levels, repeats)
             rec["levels"] = [profile_level(url, opts.out / f"{name}-c{c}", prompts, c, steps)
-                             for c in levels]
+                             for c in levels] if steps > 0 else []
     rec["policy"] = policy_lines(opts.out / f"serve-{name}.log")
     return rec
 
@@ -408,7 +425,10 @@ def main(argv=None) -> int:
     ap.add_argument("--requests-per-level", type=int, default=4,
                     help="requests per level = this x concurrency (>= 4: steady state)")
     ap.add_argument("--profile-steps", type=int, default=40,
-                    help="forward steps each profile:<mode> level records")
+                    help="forward steps each profile:<mode> level records (0: timed only)")
+    ap.add_argument("--timed-repeats", type=int, default=3,
+                    help="timed runs per profile:<mode> level; the median is the figure, every "
+                    "run is kept (the first shows a stall at a batch size's first use)")
     ap.add_argument("--profile-levels", default=",".join(map(str, PROFILE_LEVELS)),
                     help="concurrencies each profile:<mode> server is profiled at (each <= the "
                     "prompts and --graph-max-bs)")
@@ -425,6 +445,10 @@ def main(argv=None) -> int:
     except ValueError:
         print(f"serve_pair: --profile-levels {args.profile_levels!r}: positive integers, "
               "comma-separated", file=sys.stderr)
+        return 2
+    if args.profile_steps < 0 or args.timed_repeats < 1:
+        print(f"serve_pair: --profile-steps {args.profile_steps} / --timed-repeats "
+              f"{args.timed_repeats}: steps >= 0 (0 = timed only), repeats >= 1", file=sys.stderr)
         return 2
     steps = []
     for m in args.modes:
@@ -459,6 +483,7 @@ def main(argv=None) -> int:
     opts.dummy = args.dummy  # type: ignore[attr-defined]
     opts.graph_max_bs = args.graph_max_bs  # type: ignore[attr-defined]
     opts.profile_levels = profile_levels  # type: ignore[attr-defined]
+    opts.timed_repeats = args.timed_repeats  # type: ignore[attr-defined]
     prompts = load_prompts(args.pair)
     bprompts = bench_file(args.out, prompts)
     results: dict = {"modes": args.modes, "pair_report_sha256": None, "serve": {},
@@ -511,8 +536,10 @@ def main(argv=None) -> int:
                         "sync_calls_per_step", "round_host_ms_per_step",
                         "outside_round_host_ms_per_step")}, lv.get("error"))
                        for lv in r.get("levels", [])]
-                    + [("timed", t.get("concurrency"), t.get("ms_per_round"), t.get("tok_s"))
-                       for t in r.get("timed", [])]
+                    + [("timed", t.get("concurrency"), t.get("ms_per_round"), t.get("tok_s"),
+                        [x.get("ms_per_round") for x in runs])
+                       for t, runs in zip(r.get("timed", []), r.get("timed_runs", []),
+                                          strict=False)]
                     for m, r in results["profile"].items()},
         "errors": results.get("errors", {}),
         "serve_errors": {m: r.get("error") or r.get("serve_exit_before_ready")

@@ -296,3 +296,28 @@ def test_profile_levels_option(pair, tmp_path):
     assert [t["concurrency"] for t in rec["timed"]] == [2]
     bad = _run(pair, tmp_path / "o2", "--profile-levels", "0,x", "profile:none")
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0
+
+
+def test_median_run_is_the_figure_not_the_stall():
+    import real_drafter.serve_pair as sp
+
+    runs = [{"wall_s": 11.9, "n": "stall"}, {"wall_s": 1.9, "n": "a"}, {"wall_s": 2.0, "n": "b"}]
+    assert sp.median_run(runs)["n"] == "b"
+    assert sp.median_run(runs[:2])["n"] == "a"  # even count: the lower middle
+    assert sp.median_run(runs[:1])["n"] == "stall"
+
+
+def test_timed_only_with_repeats(pair, tmp_path):
+    out = tmp_path / "out"
+    r = _run(pair, out, "--profile-levels", "1,2", "--profile-steps", "0",
+             "--timed-repeats", "3", "profile:ddtree:16")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rec = json.loads((out / "results.json").read_text())["profile"]["profile:ddtree:16"]
+    assert rec["levels"] == []  # no profiler run, no trace
+    assert [len(runs) for runs in rec["timed_runs"]] == [3, 3]
+    assert [[x["concurrency"] for x in runs] for runs in rec["timed_runs"]] == [[1] * 3, [2] * 3]
+    for med, runs in zip(rec["timed"], rec["timed_runs"], strict=True):
+        assert med in runs and med["output_tokens"] > 0
+    assert not list(out.rglob("*.trace.json*"))
+    bad = _run(pair, tmp_path / "o2", "--timed-repeats", "0", "profile:none")
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0
