@@ -76,14 +76,14 @@ def test_a_non_flashinfer_backend_is_named():
     assert n == 0 and reason == "SimpleNamespace is not SGLang's FlashInfer backend"
 
 
-def test_switch_is_off_by_default_and_strict():
+def test_switch_is_on_by_default_and_strict():
     env = settings.FAST_PLAN_ENV
-    assert settings.fast_plan_from_env({}) == "off"
+    assert settings.fast_plan_from_env({}) == "on"  # the default since §22
     assert settings.fast_plan_from_env({env: "0"}) == "off"
     assert settings.fast_plan_from_env({env: " 1 "}) == "on"
     assert settings.fast_plan_from_env({env: "check"}) == "check"
     for bad in ("yes", "2", "true", "CHECK"):
-        with pytest.raises(settings.DDTreeConfigError, match="expected 1 \\(on\\), check"):
+        with pytest.raises(settings.DDTreeConfigError, match="expected 1 \\(on, the default\\), check"):
             settings.fast_plan_from_env({env: bad})
 
 

@@ -16,9 +16,10 @@ SGLang installs it for draft extend (``FlashInferAttnBackend.init_forward_metada
 the drafter's block forward and the width-1 verify (no custom mask) take it as is; a tree
 verify (a custom-mask buffer) takes ``MaskedFastPlan``, which first packs the mask into the
 wrapper's buffers on the GPU (``ddtree.maskpack_triton``, what FlashInfer's plan does with a
-sync), then calls ``fast_prefill_plan``. Off unless ``SGLANG_DFLASH_DDTREE_FAST_PLAN=1`` until
-it has run on a GPU (docs/ddtree.md, "Known problems"); ``=check`` also compares, every round,
-the host bound against the device lengths (``bound_violation``; one sync a round).
+sync), then calls ``fast_prefill_plan``. On by default since its H200 runs (seeded and greedy
+outputs token-identical, docs/gpu-results.md §22); ``SGLANG_DFLASH_DDTREE_FAST_PLAN=0`` turns it
+off; ``=check`` also compares, every round, the host bound against the device lengths
+(``bound_violation``; one sync a round).
 """
 
 from __future__ import annotations
