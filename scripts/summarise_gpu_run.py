@@ -198,9 +198,37 @@ def reduce_log(text: str) -> dict:
     return out
 
 
-def reduce_file(path: Path) -> object:
-    data = path.read_bytes()
-    name = path.name
+def reduce_file(path: Path, seen: dict | None = None, label: str | None = None) -> object:
+    return reduce_bytes(path.name, path.read_bytes(), seen, label or path.name)
+
+
+def reduce_bytes(name: str, data: bytes, seen: dict | None = None,
+                 label: str | None = None) -> object:
+    """One raw file's reduction by its name; a gzip file is read through (``x.log.gz`` as the
+    log it holds), a gzipped tar member by member (``{"members": {name: reduction}}``).
+    ``seen`` (content sha256 -> where it was reduced first) turns a repeat, e.g. a server log
+    both on its own and inside the run's archive, into ``{"same_as": where}``."""
+    if name.endswith((".tgz", ".tar.gz")):
+        import io
+        import tarfile
+
+        members = {}
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            for m in sorted(tar.getmembers(), key=lambda m: m.name):
+                f = tar.extractfile(m) if m.isfile() else None
+                if f is not None:
+                    members[m.name] = reduce_bytes(Path(m.name).name, f.read(), seen,
+                                                   f"{label}:{m.name}")
+        return {"members": members}
+    if name.endswith(".gz"):
+        import gzip
+
+        return reduce_bytes(name[: -len(".gz")], gzip.decompress(data), seen, label)
+    if seen is not None:
+        digest = hashlib.sha256(data).hexdigest()
+        if digest in seen:
+            return {"same_as": seen[digest]}
+        seen[digest] = label or name
     text = data.decode("utf-8", errors="replace")
     if name.endswith(".json"):
         try:
@@ -273,6 +301,7 @@ def summarise(target: Path, raw_commit: str | None = None, raw_location: str | N
     files = raw_files_of(target)
     base = target.parent
     rels = [f.relative_to(base).as_posix() for f in files]
+    seen: dict[str, str] = {}
     if raw_commit:
         full = verify_in_commit(files, raw_commit)
         top = Path(_git(["rev-parse", "--show-toplevel"], base).decode().strip()).resolve()
@@ -293,7 +322,7 @@ def summarise(target: Path, raw_commit: str | None = None, raw_location: str | N
             {"path": r, "bytes": f.stat().st_size, "sha256": sha256_of(f)}
             for r, f in zip(rels, files, strict=True)
         ],
-        "files": {r: reduce_file(f) for r, f in zip(rels, files, strict=True)},
+        "files": {r: reduce_file(f, seen, r) for r, f in zip(rels, files, strict=True)},
     }
 
 

@@ -366,3 +366,31 @@ def test_script_refuses_a_missing_directory_in_one_line(tmp_path, capsys):
         capsys.readouterr().err.strip()
         == f"summarise_gpu_run: {tmp_path / 'nope'}: no such file or directory"
     )
+
+
+def test_compressed_files_are_read_through_and_repeats_named_once(tmp_path):
+    """A ``.log.gz`` is reduced as the log it holds, a ``.tgz`` member by member, and content
+    already reduced (a server log on its own and again inside the run's archive) becomes
+    ``{"same_as": ...}`` instead of a second copy."""
+    import gzip
+    import io
+    import tarfile
+
+    run = tmp_path / "2030-01-02" / "runZ"
+    run.mkdir(parents=True)
+    log = (b"[2026-12-04 17:46:12] DDTree verify at width 17: sync-free FlashInfer plan on 20"
+           b" graph wrapper(s).\n")
+    (run / "serve-a.log.gz").write_bytes(gzip.compress(log))
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in (("inner/serve-a.log", log), ("inner/r.json", b'{"tok_s": 12.5}')):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    (run / "all.tgz").write_bytes(buf.getvalue())
+    assert summarise_gpu_run.main([str(run), "--raw-location", "here"]) == 0
+    f = json.loads((run.parent / "runZ.json").read_text())["files"]
+    members = f["runZ/all.tgz"]["members"]
+    assert members["inner/r.json"] == {"tok_s": 12.5}
+    assert "sync-free FlashInfer plan" in json.dumps(members["inner/serve-a.log"])
+    assert f["runZ/serve-a.log.gz"] == {"same_as": "runZ/all.tgz:inner/serve-a.log"}
