@@ -83,7 +83,8 @@ def test_switch_is_on_by_default_and_strict():
     assert settings.fast_plan_from_env({env: " 1 "}) == "on"
     assert settings.fast_plan_from_env({env: "check"}) == "check"
     for bad in ("yes", "2", "true", "CHECK"):
-        with pytest.raises(settings.DDTreeConfigError, match="expected 1 \\(on, the default\\), check"):
+        with pytest.raises(settings.DDTreeConfigError,
+                           match="expected 1 \\(on, the default\\), check"):
             settings.fast_plan_from_env({env: bad})
 
 
