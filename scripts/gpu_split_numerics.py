@@ -49,31 +49,6 @@ class CaseResult:
     bit_identical_share: float | None  # of the output elements, split == masked exactly
 
 
-def make_case(seed: int, prefixes, width: int, heads: int, kv_heads: int, dim: int, dtype,
-              device):
-    """A real DDTree tree's visibility and random q/k/v: the verify tokens' and each prefix's."""
-    import torch
-
-    from sglang_dflash.ddtree.tree import build_tree
-
-    g = torch.Generator().manual_seed(seed)
-    bs = len(prefixes)
-    depth = max(1, width - 1)
-    logp = torch.log_softmax(torch.randn(bs, depth, 3, generator=g), -1)
-    ids = torch.randint(0, 50, (bs, depth, 3), generator=g)
-    tree = build_tree(logp, ids, torch.zeros(bs, dtype=torch.long), torch.tensor(prefixes),
-                      width - 1)
-
-    def rnd(*shape):
-        return torch.randn(*shape, generator=g).to(dtype).to(device)
-
-    q = rnd(bs * width, heads, dim)
-    k, v = rnd(bs * width, kv_heads, dim), rnd(bs * width, kv_heads, dim)
-    kp = [rnd(p, kv_heads, dim) for p in prefixes]
-    vp = [rnd(p, kv_heads, dim) for p in prefixes]
-    return q, k, v, tree.visibility.bool().to(device), kp, vp
-
-
 def paged(parts: list, device):
     """A page-size-1 paged cache holding ``parts`` (one [n, Hkv, D] per request) back to back:
     (cache [N, 1, Hkv, D], kv_indptr int32, kv_indices int32)."""
@@ -127,8 +102,8 @@ def run_case(seed: int, bs: int, width: int, prefixes, use_flashinfer: bool, hea
 
     device = "cuda" if use_flashinfer else ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    q, k, v, vis, kp, vp = make_case(seed, prefixes[:bs], width, heads, kv_heads, dim, dtype,
-                                     device)
+    q, k, v, vis, kp, vp = ta.random_case(seed, prefixes[:bs], width, heads, kv_heads, dim,
+                                          dtype, device)
     scale = dim ** -0.5
     want = ta.tree_attn_reference(q.float().cpu(), k.float().cpu(), v.float().cpu(),
                                   vis.cpu(), [t.float().cpu() for t in kp],

@@ -13,19 +13,19 @@ from pathlib import Path
 
 import pytest
 
+from tests.script_module import load_script
+
 pytest.importorskip("torch", reason="the split verify's numerics need torch")
-pytest.importorskip("triton", reason="the tree block is a Triton kernel")
+if importlib.util.find_spec("triton") is None:  # not imported here: the kernel tests of this
+    # directory must import it first, under the interpreter (tests/ddtree/triton_env.py)
+    pytest.skip("the tree block is a Triton kernel", allow_module_level=True)
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu_split_numerics.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("gpu_split_numerics", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT, "gpu_split_numerics")
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

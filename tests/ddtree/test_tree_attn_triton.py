@@ -20,22 +20,8 @@ pytestmark = pytest.mark.usefixtures("triton_interpret")
 
 
 def _case(seed, prefixes, width, heads=4, kv_heads=2, dim=16, dtype=torch.float32):
-    from sglang_dflash.ddtree.tree import build_tree
-
-    g = torch.Generator().manual_seed(seed)
-    bs = len(prefixes)
-    depth = max(1, width - 1)
-    logp = torch.log_softmax(torch.randn(bs, depth, 3, generator=g), -1)
-    ids = torch.randint(0, 50, (bs, depth, 3), generator=g)
-    tree = build_tree(logp, ids, torch.zeros(bs, dtype=torch.long), torch.tensor(prefixes),
-                      width - 1)
-    vis = tree.visibility.bool()
-    assert vis.shape == (bs, width, width)
-    q = torch.randn(bs * width, heads, dim, generator=g).to(dtype)
-    k = torch.randn(bs * width, kv_heads, dim, generator=g).to(dtype)
-    v = torch.randn(bs * width, kv_heads, dim, generator=g).to(dtype)
-    kp = [torch.randn(p, kv_heads, dim, generator=g).to(dtype) for p in prefixes]
-    vp = [torch.randn(p, kv_heads, dim, generator=g).to(dtype) for p in prefixes]
+    q, k, v, vis, kp, vp = ta.random_case(seed, prefixes, width, heads, kv_heads, dim, dtype)
+    assert vis.shape == (len(prefixes), width, width)
     return q, k, v, vis, kp, vp
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.script_module import load_script
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu_e2e.py"
 SITE = os.pathsep.join([str(REPO / "tests" / "standin"), str(REPO / "src")])
@@ -224,11 +226,7 @@ def test_trace_step_against_standin(tmp_path):
 
 
 def _gpu_e2e():
-    spec = importlib.util.spec_from_file_location("gpu_e2e_under_test", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT, "gpu_e2e_under_test")
 
 
 def test_a_port_that_already_answers_is_not_a_ready_server(tmp_path):

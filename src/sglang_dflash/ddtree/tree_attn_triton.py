@@ -159,3 +159,29 @@ def tree_attn_reference(q, k, v, visibility, k_prefix, v_prefix, sm_scale) -> to
         s = s.masked_fill(~allowed.to(s.device), -math.inf)
         outs.append(torch.einsum("hwk,khd->whd", torch.softmax(s, dim=-1), vals))
     return torch.cat(outs).to(q.dtype)
+
+
+def random_case(seed: int, prefixes, width: int, heads: int, kv_heads: int, dim: int,
+                dtype=torch.float32, device="cpu"):
+    """A real DDTree tree's visibility ``[bs, W, W]`` and seeded random q / k / v for the
+    verify tokens and each request's prefix: (q, k, v, visibility, k_prefix, v_prefix), what
+    the references above and the kernel take (the tests and ``scripts/gpu_split_numerics.py``)."""
+    from sglang_dflash.ddtree.tree import build_tree
+
+    g = torch.Generator().manual_seed(seed)
+    bs = len(prefixes)
+    depth = max(1, width - 1)
+    logp = torch.log_softmax(torch.randn(bs, depth, 3, generator=g), -1)
+    ids = torch.randint(0, 50, (bs, depth, 3), generator=g)
+    tree = build_tree(logp, ids, torch.zeros(bs, dtype=torch.long), torch.tensor(prefixes),
+                      width - 1)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g).to(dtype).to(device)
+
+    q = rnd(bs * width, heads, dim)
+    k, v = rnd(bs * width, kv_heads, dim), rnd(bs * width, kv_heads, dim)
+    kp = [rnd(p, kv_heads, dim) for p in prefixes]
+    vp = [rnd(p, kv_heads, dim) for p in prefixes]
+    return q, k, v, tree.visibility.bool().to(device), kp, vp
+
