@@ -14,7 +14,9 @@ Modes (each may end in ``@flashinfer`` / ``@triton``, default ``--backend``):
 identity under ``--enable-deterministic-inference``: a seeded no-speculation server once per
 run, then ``<mode>``; the drafter is the real one, nothing planted), ``profile:<mode>`` (SGLang's
 own torch profiler over ``--profile-steps`` forward steps at c = 1 and 8, each trace reduced on
-the host by ``benchmarks/trace_summary.py`` to a per-step table and then deleted).
+the host by ``benchmarks/trace_summary.py`` to a per-step table and then deleted). Modifiers
+(``<mode>+<modifier>``): ``+no-overlap`` (``--disable-overlap-schedule``), ``+k<K>`` (a DDTree
+mode's no-draft round as K decode steps: ``SGLANG_DFLASH_DDTREE_NODRAFT_STEPS=K``).
 
 Per mode: ready time, ``check --url``, the first ``--greedy-prompts`` held-out prompts one at a
 time (output ids, SGLang's per-request spec_accept_length / verify_ct / histogram), the same
@@ -30,6 +32,7 @@ import argparse
 import concurrent.futures as cf
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -37,6 +40,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import gpu_e2e as e2e  # scripts/ is not a package
 import trace_summary  # benchmarks/trace_summary.py (benchmarks/ is on PYTHONPATH)
+
+from sglang_dflash.sglang_overlay import settings as overlay_settings
 
 LEVELS = (1, 8, 32)
 NEW_TOKENS = 256
@@ -46,16 +51,42 @@ DETERMINISTIC = "--enable-deterministic-inference"
 
 # ``<mode>+<modifier>``: server flags a mode can add (each also named in the mode's label).
 MODIFIERS = {"no-overlap": "--disable-overlap-schedule"}
+# ``+k<K>``: the server's no-draft round as K decode steps (the overlay's setting; a DDTree mode)
+STEPS_MODIFIER = re.compile(r"k([0-9]+)")
+MODIFIER_NAMES = (*("+" + k for k in MODIFIERS), "+k<K>")
+
+
+def _modifier_env(mod: str, head: str) -> dict[str, str]:
+    """The server environment of one modifier ({} for a flag modifier); ValueError if bad."""
+    hit = STEPS_MODIFIER.fullmatch(mod)
+    if hit is None:
+        return {}
+    if not head.startswith(("ddtree:", "adaptive:")):
+        raise ValueError(f"+{mod} needs a DDTree mode (ddtree:<N> or adaptive:<N>), not {head!r}")
+    overlay_settings.parse_nodraft_steps(hit.group(1))  # 1..64, else the overlay's own line
+    return {overlay_settings.NODRAFT_STEPS_ENV: str(int(hit.group(1)))}
 
 
 def split_modifiers(mode: str) -> tuple[str, tuple[str, ...]]:
     """``none+no-overlap`` -> ("none", ("no-overlap",)); a one-line ValueError otherwise."""
     head, *mods = mode.split("+")
     for m in mods:
-        if m not in MODIFIERS:
-            raise ValueError(f"unknown modifier +{m} in {mode!r}: "
-                             + ", ".join("+" + k for k in MODIFIERS))
+        if m not in MODIFIERS and STEPS_MODIFIER.fullmatch(m) is None:
+            raise ValueError(f"unknown modifier +{m} in {mode!r}: " + ", ".join(MODIFIER_NAMES))
+        try:
+            _modifier_env(m, head)
+        except overlay_settings.DDTreeConfigError as exc:
+            raise ValueError(str(exc)) from None
     return head, tuple(mods)
+
+
+def modifier_env(mode: str) -> dict[str, str]:
+    """The server environment a mode's modifiers set (``adaptive:16+k16`` -> the step count)."""
+    head, mods = split_modifiers(mode)
+    env: dict[str, str] = {}
+    for m in mods:
+        env |= _modifier_env(m, head)
+    return env
 
 
 def parse_mode(mode: str) -> tuple[str, int | None, bool]:
@@ -66,7 +97,7 @@ def parse_mode(mode: str) -> tuple[str, int | None, bool]:
     if head in ("ddtree", "adaptive") and arg.isdigit() and int(arg) > 0:
         return "ddtree", int(arg), head == "adaptive"
     raise ValueError(f"unknown mode {mode!r}: none, dflash, ddtree:<N>, adaptive:<N> "
-                     "(each may end in " + ", ".join("+" + k for k in MODIFIERS) + ")")
+                     "(each may end in " + ", ".join(MODIFIER_NAMES) + ")")
 
 
 def mode_label(mode: str) -> str:
@@ -94,7 +125,7 @@ def pair_config(pair: Path, name: str, mode: str, backend: str, *,
     algorithm, budget, adaptive = parse_mode(mode)
     extra = ["--sampling-backend", "pytorch", "--cuda-graph-max-bs", str(graph_max_bs),
              "--cuda-graph-backend-prefill", "disabled", "--dtype", "bfloat16",
-             *(MODIFIERS[m] for m in split_modifiers(mode)[1])]
+             *(MODIFIERS[m] for m in split_modifiers(mode)[1] if m in MODIFIERS)]
     if deterministic:
         extra.append(DETERMINISTIC)
     cfg: dict = {
@@ -110,6 +141,9 @@ def pair_config(pair: Path, name: str, mode: str, backend: str, *,
             cfg["draftLoadFormat"] = "dummy"
     if budget is not None:
         cfg["ddtree"] = {"budget": budget, "policy": "adaptive" if adaptive else "fixed"}
+    env = modifier_env(mode)
+    if env:
+        cfg["environment"] = env
     return cfg
 
 

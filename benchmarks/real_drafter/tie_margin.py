@@ -282,25 +282,42 @@ def evidence(
 # ---- CLI -----------------------------------------------------------------------------------
 
 
-def _read_inputs(pair: Path, results_path: Path) -> tuple[dict, list[list[int]]]:
+def merge_serves(docs: list[tuple[str, dict]]) -> dict:
+    """One results object whose ``serve`` holds every file's modes (the same pair served in
+    several calls: the reference from one, the other modes from the next). A mode key seen in
+    an earlier file gets ``#<file number>`` appended, so nothing is dropped. Pure."""
+    serve: dict = {}
+    for n, (_, doc) in enumerate(docs, start=1):
+        for key, rec in doc["serve"].items():
+            serve[key if key not in serve else f"{key}#{n}"] = rec
+    return {"serve": serve}
+
+
+def _read_inputs(pair: Path, results_paths: list[Path]) -> tuple[dict, list[list[int]]]:
     if not (pair / "target" / "config.json").is_file():
         raise InputError(f"{pair}/target/config.json missing: not a real_drafter.train pair")
     if not (pair / "prompts.jsonl").is_file():
         raise InputError(f"{pair}/prompts.jsonl missing: not a real_drafter.train pair")
-    if not results_path.is_file():
-        raise InputError(f"{results_path}: no such results file (serve_pair's results.json)")
+    docs = []
+    for results_path in results_paths:
+        if not results_path.is_file():
+            raise InputError(f"{results_path}: no such results file (serve_pair's results.json)")
+        try:
+            results = json.loads(results_path.read_text())
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{results_path}: unreadable JSON: {exc}") from None
+        if not isinstance(results, dict) or not isinstance(results.get("serve"), dict):
+            raise InputError(f"{results_path}: no 'serve' object (not serve_pair's results.json)")
+        docs.append((str(results_path), results))
     try:
-        results = json.loads(results_path.read_text())
         prompts = [
             json.loads(line)["input_ids"]
             for line in (pair / "prompts.jsonl").read_text().splitlines()
             if line.strip()
         ]
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise InputError(f"unreadable input: {type(exc).__name__}: {exc}") from None
-    if not isinstance(results, dict) or not isinstance(results.get("serve"), dict):
-        raise InputError(f"{results_path}: no 'serve' object (not serve_pair's results.json)")
-    return results, prompts
+        raise InputError(f"unreadable prompts.jsonl: {type(exc).__name__}: {exc}") from None
+    return merge_serves(docs), prompts
 
 
 def run(args) -> dict:
@@ -320,7 +337,7 @@ def run(args) -> dict:
     judged = [judge(d, ev[d.prefix]) for d in divs]
     rep = {
         "pair": str(args.pair),
-        "results": str(args.results),
+        "results": [str(r) for r in args.results],
         "reference": args.reference,
         "device": args.device,
         "top_eps": TOP_EPS,
@@ -337,7 +354,8 @@ def run(args) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pair", type=Path, required=True, help="real_drafter.train's --out")
-    ap.add_argument("--results", type=Path, required=True, help="serve_pair's results.json")
+    ap.add_argument("--results", type=Path, action="append", required=True,
+                    help="serve_pair's results.json (repeat: one pair served in several calls)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     ap.add_argument(

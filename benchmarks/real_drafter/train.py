@@ -198,6 +198,8 @@ def run(args) -> dict:
         "eval": {"prompts": len(prompts), "new_tokens": plan.eval_new_tokens,
                  "prompt_tokens_mean": sum(p["prompt_tokens"] for p in prompts) / len(prompts)},
         "wall_s": walls,
+        # the pair follows from the seed alone only if no phase was cut by its wall-clock cap
+        "reproducible": not (t_res.stopped_early or gen_stopped or d_res.stopped_early),
         "corpus": corp.id(),
         "corpus_train_tokens": int(stream.numel()),
         "seed": args.seed,

@@ -57,6 +57,8 @@ def test_files_and_report(toy):
         assert (out / f).is_file(), f
     assert json.loads(json.dumps(rep)) == json.loads((out / "report.json").read_text())
     assert rep["offline_accept_length_dflash"] >= 1.0
+    assert rep["reproducible"] is True  # every phase ran its planned steps
+    assert rep["target_train"]["steps"] == rep["plan"]["target_steps"]
     assert set(rep["offline_accept_length_ddtree"]) == {"8", "16", "32", "64"}
     assert all(v >= 1.0 for v in rep["offline_accept_length_ddtree"].values())
     for m in rep["modes"].values():

@@ -258,6 +258,27 @@ def test_modifiers_parse_label_and_render():
         sp.parse_mode("none+fast")
 
 
+def test_steps_modifier_sets_the_no_draft_step_count():
+    import real_drafter.serve_pair as sp
+
+    from sglang_dflash.sglang_overlay import settings
+
+    assert sp.parse_mode("adaptive:16+k16") == ("ddtree", 16, True)
+    assert sp.mode_label("adaptive:16+k16") == "ddtree-adaptive-16+k16"
+    assert sp.file_name("profile:adaptive:16+k16") == "profile-adaptive-16-k16"
+    cfg = sp.pair_config(Path("/p"), "n", "adaptive:16+k16", "flashinfer")
+    assert cfg["environment"] == {settings.NODRAFT_STEPS_ENV: "16"}
+    plain = sp.pair_config(Path("/p"), "n", "adaptive:16", "flashinfer")
+    assert "environment" not in plain and cfg["extraArgs"] == plain["extraArgs"]
+    both = sp.pair_config(Path("/p"), "n", "ddtree:8+no-overlap+k4", "triton")
+    assert both["environment"] == {settings.NODRAFT_STEPS_ENV: "4"}
+    assert "--disable-overlap-schedule" in both["extraArgs"]
+    with pytest.raises(ValueError, match="needs a DDTree mode"):
+        sp.parse_mode("none+k16")
+    with pytest.raises(ValueError, match=r"outside 1\.\.64"):
+        sp.parse_mode("adaptive:16+k0")
+
+
 def test_serve_pair_unknown_modifier_one_line(pair, tmp_path):
     r = _run(pair, tmp_path / "o", "profile:none+fast")
     assert r.returncode == 2

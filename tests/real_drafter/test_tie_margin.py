@@ -135,6 +135,15 @@ def test_find_divergences_and_summary():
     assert len(tm.find_divergences(results, prompts, "dflash")[0]) == 4
 
 
+def test_merge_serves_keeps_every_mode():
+    a = {"serve": {"none": {"mode": "none"}, "dflash": {"mode": "dflash"}}}
+    b = {"serve": {"dflash": {"mode": "dflash", "n": 2}, "ddtree:8": {"mode": "ddtree:8"}}}
+    merged = tm.merge_serves([("a.json", a), ("b.json", b)])["serve"]
+    assert list(merged) == ["none", "dflash", "dflash#2", "ddtree:8"]
+    assert merged["dflash#2"] == {"mode": "dflash", "n": 2}
+    assert merged["dflash"] == {"mode": "dflash"}
+
+
 # ---- the CLI on the toy pair -----------------------------------------------------------------
 
 
@@ -202,6 +211,17 @@ def test_cli_mismatch_and_identical(toy, tmp_path):  # noqa: F811
     assert d["gap"] > 2 * d["eps"] > 0 and d["verdict"] == "mismatch"
     assert d["l32_a"] == pytest.approx(max(row), abs=1e-3)
     assert d["l32_b"] == pytest.approx(min(row), abs=1e-3)
+
+    # the same serve split over two calls' files (the reference in the first): the same verdict
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(json.dumps({"serve": {"none": results["serve"]["none"]}}))
+    second.write_text(json.dumps({"serve": {k: v for k, v in results["serve"].items()
+                                            if k != "none"}}))
+    r = _cli("--pair", str(pair), "--results", str(first), "--results", str(second), "--out",
+             str(out), "--device", "cpu")
+    assert r.returncode == 0, r.stderr[-3000:]
+    split = json.loads(out.read_text())
+    assert split["summary"]["per_mode"] == per and split["results"] == [str(first), str(second)]
 
     # every output identical: nothing to forward, explained
     results["serve"]["dflash"] = _rec("dflash", "triton", ref, ref)
