@@ -279,6 +279,18 @@ def test_steps_modifier_sets_the_no_draft_step_count():
         sp.parse_mode("adaptive:16+k0")
 
 
+def test_profile_with_a_step_count_starts_its_server_with_it(pair, tmp_path):
+    from sglang_dflash.sglang_overlay import settings
+
+    out = tmp_path / "out"
+    r = _run(pair, out, "profile:adaptive:16+k16")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rec = json.loads((out / "results.json").read_text())["profile"]["profile:adaptive:16+k16"]
+    assert rec["label"] == "ddtree-adaptive-16+k16" and rec["ready_seconds"]
+    cfg = json.loads((out / "config-profile-adaptive-16-k16-triton.json").read_text())
+    assert cfg["environment"] == {settings.NODRAFT_STEPS_ENV: "16"}
+
+
 def test_serve_pair_unknown_modifier_one_line(pair, tmp_path):
     r = _run(pair, tmp_path / "o", "profile:none+fast")
     assert r.returncode == 2
