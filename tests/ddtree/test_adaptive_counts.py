@@ -216,6 +216,25 @@ def test_meter_cost_runs_to_the_next_rounds_start_and_interrupts_drop_it():
     assert all(r.accept_by_budget == {} for r in recs)
 
 
+def test_meter_a_pause_between_rounds_is_not_a_cost():
+    """A server that stops between two rounds (a profiler writing its trace, a control
+    request) leaves a start-to-start gap that is no round's cost: the policy must not see a
+    33 ms round as 869 ms (H200, §23). Gaps of a busy server (1-2.5x the span) still count."""
+    from sglang_dflash.sglang_overlay.adaptive import PAUSE_SLACK_MS, is_pause
+
+    assert not is_pause(61.0, 26.0) and not is_pause(4.8, 2.0) and not is_pause(50.0, 0.0)
+    assert is_pause(869.0, 26.0) and is_pause(3.0 * 26.0 + PAUSE_SLACK_MS + 0.1, 26.0)
+    meter = RoundMeter(_ClockEvent, pin=False)
+    for start, span in ((0.0, 26.0), (33.0, 26.0), (902.0, 26.0)):
+        _ClockEvent.now = start
+        meter.begin()
+        _ClockEvent.now = start + span
+        meter.end(key=1, ran=0, bs=1, budgets=(), counts=None)
+    _ClockEvent.now = 935.0
+    meter.begin()
+    assert [r.cost_ms for r in meter.drain()] == [33.0, None, 33.0]
+
+
 @pytest.mark.parametrize("bs,depth", [(1, 15), (3, 7), (8, 0)])
 def test_root_accept_equals_the_walk_of_a_root_tree(bs, depth):
     g = torch.Generator().manual_seed(bs * 31 + depth)

@@ -63,9 +63,14 @@ def main() -> dict:
     prefix = torch.tensor([5, 9])
     batch = SimpleNamespace(seq_lens=prefix, seq_lens_cpu=torch.tensor([5, 9]),
                             seq_lens_sum=14, sampling_info=None)
-    published = []
+    published, steps_before_publish = [], []
+
+    def publish(new_seq_lens):
+        published.append(new_seq_lens.clone())
+        steps_before_publish.append(len(calls))
+
     res = w._nodraft_round(batch, SimpleNamespace(bonus_tokens=torch.tensor([3, 11])),
-                           published.append, W.stage_ranges(), 2, 2)
+                           publish, W.stage_ranges(), 2, 2)
     app = appended[0]
     return {
         "calls": calls,
@@ -74,6 +79,7 @@ def main() -> dict:
         "accept_dtype": str(res.accept_lens.dtype),
         "new_seq_lens": res.new_seq_lens.tolist(),
         "published": [p.tolist() for p in published],
+        "steps_before_publish": steps_before_publish,
         "next_draft_input": res.next_draft_input,
         "stride": res.speculative_num_draft_tokens,
         "appended": len(appended),

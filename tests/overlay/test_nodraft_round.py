@@ -65,3 +65,11 @@ def test_the_drafter_gets_every_steps_row_at_its_slot_once(probe):
     assert probe["append_loc"] == [1005, 1006, 1007, 1008, 2009, 2010, 2011, 2012]
     assert probe["append_loc_2d"] == [[1005, 1006, 1007, 1008], [2009, 2010, 2011, 2012]]
     assert probe["append_commit"] == [STEPS, STEPS]
+
+
+def test_the_round_publishes_its_lengths_before_its_first_step(probe):
+    """A no-draft round's new lengths (prefix + k) are known before it runs, so it publishes
+    them first: SGLang's next round waits (resolve_seq_lens_cpu, a host sync) only for this
+    round's start on the GPU, not its end, and the host runs a round ahead (§23)."""
+    assert probe["steps_before_publish"] == [0]
+    assert probe["published"] == [[5 + STEPS, 9 + STEPS]]

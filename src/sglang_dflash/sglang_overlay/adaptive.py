@@ -57,9 +57,25 @@ class _Pending:
     next_start: object = None
 
 
+# A round's start-to-next-start beyond PAUSE_FACTOR x its own span + PAUSE_SLACK_MS is a pause,
+# not a cost: the server stopped between the two rounds (a profiler writing its trace, a control
+# request, a GC pause). On the H200 one such gap put a no-draft round at 869 ms where it costs
+# 33, and the policy left the cheapest budget for the rest of the run (docs/gpu-results.md §23).
+# Real rounds stay far inside it: start-to-start 1.2-2.2 x the span (the trained pair's 2.0-2.9
+# ms spans 3.4-4.8 ms apart; a k = 8 no-draft round 26 ms of GPU in 33-61 ms).
+PAUSE_FACTOR = 3.0
+PAUSE_SLACK_MS = 50.0
+
+
+def is_pause(gap_ms: float, span_ms: float) -> bool:
+    """Whether ``gap_ms`` (start to the next round's start) is a pause rather than a cost."""
+    return gap_ms > PAUSE_FACTOR * max(span_ms, 0.0) + PAUSE_SLACK_MS
+
+
 class RoundMeter:
     """Queue of in-flight rounds: ``begin()`` before the round, ``end(...)`` after its commit,
     ``drain()`` returns the rounds whose results have reached the host.
+    A start-to-start far beyond the round's own span is a pause (``is_pause``): no cost.
 
     A round's cost is the stream time from its start event to the **next round's** start
     event, not to its own end: that interval also holds what the scheduler does between rounds
@@ -136,7 +152,10 @@ class RoundMeter:
             self._queue.popleft()
             sums = p.host.tolist()
             acc = {n: 1.0 + s / max(1, p.bs) for n, s in zip(p.budgets, sums, strict=True)}
-            cost = (float(p.start.elapsed_time(p.next_start))
-                    if p.next_start is not None else None)
+            cost = None
+            if p.next_start is not None:
+                gap = float(p.start.elapsed_time(p.next_start))
+                span = float(p.start.elapsed_time(p.end))
+                cost = None if is_pause(gap, span) else gap
             out.append(RoundRecord(p.key, p.ran, p.bs, acc, cost))
         return out

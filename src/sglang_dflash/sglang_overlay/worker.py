@@ -880,6 +880,13 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             prof.mark(1)
             prof.mark(2)
         root_round = self._root_round(bs)
+        # Every request commits k: the new lengths are known now, so publish them before the
+        # steps. SGLang's next round reads them back with a host sync (FutureMap.
+        # resolve_seq_lens_cpu); published here, it waits for this round's start on the GPU,
+        # not its end (H200 §23: 6 ms of sync a round, the GPU idle meanwhile).
+        new_seq_lens = prefix + k
+        if on_publish is not None:
+            on_publish(new_seq_lens)
         saved = (batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum)
         tokens = block_ids[:, 0]
         out = torch.zeros((bs, self.block_size), dtype=torch.long, device=self.device)
@@ -917,9 +924,6 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             prof.mark(3)
             prof.mark(4)
         commit = root_round.steps_commit
-        new_seq_lens = prefix + k
-        if on_publish is not None:
-            on_publish(new_seq_lens)
         with ranges("commit"):
             self._append_first_columns(rows.view(bs * k, -1), cache_loc_2d, positions_2d, k,
                                        commit)
