@@ -777,14 +777,16 @@ class Grid:
 
     def bench(self, url: str, name: str, prompts: Path, mode: Mode, regime: str | None,
               c: int, first: bool) -> dict:
-        """One `sglang-dflash bench` level: requests_per_level x c requests of 256 tokens."""
+        """One `sglang-dflash bench` level: requests_per_level x c requests of 256 tokens, after
+        one unrecorded wave of c (``--warmup-wave``: a server's first batch of a size pays
+        one-time costs, e.g. the 360-515 ms first-token stalls of §22's first c = 8 level)."""
         left = self.opts.clock.left()
         out = self.opts.out / f"bench-{name}-c{c}.json"
         cmd = e2e.cli(["bench", "--url", url, "--concurrency", str(c), "--num-prompts",
                        str(self.opts.requests_per_level * c), "--max-new-tokens",
                        str(NEW_TOKENS), "--temperature", "0", "--ignore-eos", "--prompts",
-                       str(prompts), "--warmup", "1" if first else "0", "--json", str(out),
-                       "--quiet"])
+                       str(prompts), "--warmup", "1" if first else "0", "--warmup-wave",
+                       "--json", str(out), "--quiet"])
         self.command(cmd)
         res = e2e.sh(cmd, env=self.opts.env, timeout=max(30.0, min(600.0, left - 10)))
         self.run["benches"] += 1

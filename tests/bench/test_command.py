@@ -349,3 +349,33 @@ def test_ctrl_c_stops_the_server_it_started(tmp_path):
     assert p.returncode == 130, stderr
     assert json.loads(out.read_text())["interrupted"] is True
     assert not listening(port)
+
+
+def _requests_served(url: str) -> int:
+    """The stand-in's sglang:num_requests_total (every /generate it answered)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return int(float(next(ln.split()[-1] for ln in text.splitlines()
+                          if ln.startswith("sglang:num_requests_total"))))
+
+
+def test_warmup_wave_sends_one_unrecorded_wave_per_level(standin_server, tmp_path):
+    url = standin_server("--enable-metrics")
+    before = _requests_served(url)
+    out = tmp_path / "out.json"
+    r = bench("--url", url, "--num-prompts", "2", "--max-new-tokens", "8", "--warmup", "0",
+              "--warmup-wave", "--concurrency", "1,3", "--json", str(out), "--quiet")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    assert [s["requests"] for s in doc["summaries"]] == [2, 2]  # the waves are not recorded
+    assert _requests_served(url) - before == 2 + 2 + 1 + 3  # but were sent: 1, then 3
+
+
+def test_warmup_wave_failure_is_one_line(standin_server, tmp_path):
+    url = standin_server(STANDIN_DIE_AFTER_REQUESTS="1")
+    r = bench("--url", url, "--num-prompts", "2", "--max-new-tokens", "8", "--warmup", "0",
+              "--warmup-wave", "--concurrency", "2", "--quiet")
+    assert r.returncode == 1
+    assert "warm-up wave at concurrency 2 failed" in one_line_error(r.stderr)

@@ -105,6 +105,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="generate exactly max_new_tokens (default on)")
     w.add_argument("--warmup", type=int, default=1, metavar="N",
                    help="unrecorded requests per configuration before measuring (default 1)")
+    w.add_argument("--warmup-wave", action="store_true",
+                   help="before each level also send one unrecorded wave of C requests at "
+                        "its concurrency C: what a server does the first time it sees a "
+                        "batch size (a lazy compile, a new graph) stays out of the steady "
+                        "state the level measures")
     w.add_argument("--request-timeout", type=float, default=300.0, metavar="S",
                    help="bound on each whole request (default 300)")
     w.add_argument("--connect-timeout", type=float, default=5.0, metavar="S",
@@ -319,6 +324,11 @@ class Bench:
                 cres.error = server_gone() or err
                 return
         for c in self.levels:
+            if args.warmup_wave:
+                err = self.warmup_wave(ep, plan, c, server_gone)
+                if err:
+                    cres.error = err
+                    return
             t0 = time.monotonic()
             name = f"{tag} {plan.label} c={c}"
             level = run_level(
@@ -342,6 +352,20 @@ class Bench:
                 s = run.summaries[-1]
                 self.status.say(f"{tag} {plan.label} c={c}: {s.ok}/{s.requests} ok, "
                                 f"{s.output_tokens_per_s or 0:.1f} out tok/s")
+
+    def warmup_wave(self, ep: Endpoint, plan: Plan, c: int,
+                    server_gone: Callable[[], str | None]) -> str | None:
+        """One unrecorded wave of ``c`` requests at concurrency ``c``; the first error."""
+        wave = [self.prompts[i % len(self.prompts)] for i in range(c)]
+        level = run_level(ep, plan.label, wave, c, self.sampling, self.args.request_timeout,
+                          server_gone=server_gone)
+        if level.interrupted:
+            self.run.interrupted = True
+            return "interrupted during the warm-up wave"
+        if level.fatal:
+            return f"warm-up wave at concurrency {c} failed: {level.fatal}"
+        bad = next((r.error for r in level.records if not r.ok), None)
+        return f"warm-up wave at concurrency {c} failed: {bad}" if bad else None
 
     def run_url(self, plan: Plan, cres: ConfigResult, tag: str) -> None:
         ep = plan.endpoint
