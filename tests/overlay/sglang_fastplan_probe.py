@@ -39,7 +39,17 @@ def stand_in_wrapper(torch, bs: int, max_bs: int, max_tokens: int, masked: bool)
     return w, plans
 
 
-def run(torch, width: int, masked: bool) -> dict:
+class _NoEvent:
+    """A CPU stand-in for torch.cuda.Event (the fence's factory): records and waits do nothing."""
+
+    def record(self):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+def run(torch, width: int, masked: bool, fenced: bool = False) -> dict:
     from sglang.srt.layers.attention import flashinfer_backend as fib
 
     from sglang_dflash.ddtree import maskpack_triton as mp
@@ -67,7 +77,8 @@ def run(torch, width: int, masked: bool) -> dict:
     w, plans = stand_in_wrapper(torch, bs, max_bs, 4096, masked)
     backend = SimpleNamespace(prefill_cuda_graph_metadata={bs: [w]}, prefill_backend="fa2",
                               dispatch_reason=None)
-    installed = fast_plan.install(backend, fib.fast_prefill_plan, fast_plan.pack_custom_mask)
+    installed = fast_plan.install(backend, fib.fast_prefill_plan, fast_plan.pack_custom_mask,
+                                  fence=_NoEvent if fenced else None)
     updater = SimpleNamespace(
         req_to_token=req_to_token, kv_last_page_len=torch.ones(max_bs, dtype=torch.int32),
         num_qo_heads=4, num_kv_heads=2, head_dim=16, q_data_type=torch.bfloat16,
@@ -111,7 +122,9 @@ def run(torch, width: int, masked: bool) -> dict:
 def main() -> dict:
     import torch
 
-    return {"tree": run(torch, 6, True), "width1": run(torch, 1, False)}
+    return {"tree": run(torch, 6, True), "width1": run(torch, 1, False),
+            # as the worker installs it: each wrapped in the fence (fast_plan.FencedPlan)
+            "tree_fenced": run(torch, 6, True, True), "width1_fenced": run(torch, 1, False, True)}
 
 
 if __name__ == "__main__":

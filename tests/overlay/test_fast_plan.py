@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from functools import partial
 from types import SimpleNamespace
+from typing import ClassVar
 
 import pytest
 
@@ -148,3 +149,44 @@ def test_a_masked_wrapper_called_without_a_mask_keeps_flashinfers_plan():
     assert seen == [(("qo", "kv", "idx", "last", 32, 8, 128, 1),
                      {"custom_mask": None, "window_left": -1})]  # no host layout for plan()
 
+
+
+class _Event:
+    """Records what the fence does, in order, into a shared log."""
+
+    log: ClassVar[list] = []
+    made = 0
+
+    def __init__(self):
+        _Event.made += 1
+        self.n = _Event.made
+
+    def record(self):
+        _Event.log.append(("record", self.n))
+
+    def synchronize(self):
+        _Event.log.append(("wait", self.n))
+
+
+def test_the_fence_waits_for_the_previous_plan_on_its_wrapper_before_planning():
+    """The host plan buffer is rewritten only after the GPU has reached the previous plan's
+    copy: plan 2 waits on plan 1's event, plan 3 on plan 2's; each wrapper keeps its own."""
+    _Event.log, _Event.made = [], 0
+
+    def fast(wrapper, *args, **kwargs):
+        _Event.log.append(("plan", wrapper.name))
+
+    a, b = wrapper(), wrapper()
+    a.name, b.name = "a", "b"
+    assert fast_plan.install(backend({1: [a], 8: [b]}), fast, fence=_Event) == (2, None)
+    assert isinstance(a.begin_forward, fast_plan.FencedPlan) and a.begin_forward.func is fast
+    a.begin_forward()
+    b.begin_forward()
+    a.begin_forward()
+    a.begin_forward()
+    assert _Event.log == [("plan", "a"), ("record", 1), ("plan", "b"), ("record", 2),
+                          ("wait", 1), ("plan", "a"), ("record", 3),
+                          ("wait", 3), ("plan", "a"), ("record", 4)]
+    # still recognised as installed: a second install leaves it alone
+    again = fast_plan.install(backend({1: [a]}), fast, fence=_Event)
+    assert again == (0, "bs 1: already installed")

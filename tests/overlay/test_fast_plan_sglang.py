@@ -24,7 +24,9 @@ def probe() -> dict:
 
 
 @pytest.mark.parametrize("case, width, taker", [("tree", 6, "MaskedFastPlan"),
-                                                ("width1", 1, "partial")])
+                                                ("width1", 1, "partial"),
+                                                ("tree_fenced", 6, "FencedPlan"),
+                                                ("width1_fenced", 1, "FencedPlan")])
 def test_sglangs_updater_hands_the_fast_plan_the_host_layout(probe, case, width, taker):
     """Host bound 5, 2, 18 over device prefixes 5, 0, 17: the plan gets the bound + width as
     kv lengths, the device buffers the real lengths; one plan, no upstream plan() call."""

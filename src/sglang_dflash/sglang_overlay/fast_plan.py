@@ -82,10 +82,39 @@ class MaskedFastPlan:
         return self.func(self.wrapper, *positional, custom_mask=None, **kwargs)
 
 
-def install(backend: Any, plan_fn, pack_fn=None) -> tuple[int, str | None]:
+class FencedPlan:
+    """A wrapper's sync-free ``begin_forward`` that does not overwrite its host plan buffer
+    while the GPU may still be reading it.
+
+    FlashInfer's plan writes its scheduling arrays into the wrapper's page-locked
+    ``_pin_memory_int_workspace_buffer`` and queues an asynchronous copy of them to the device.
+    FlashInfer's own plan reads ``qo_indptr`` back first, a sync that has always let that copy
+    finish; without the sync the host can plan the next step (or, since the no-draft round
+    publishes its lengths early, a whole round) before the GPU has copied the previous plan,
+    and the copy would then carry the newer plan, torn or for another batch. So each call first
+    waits on the event recorded after the previous call on this wrapper (the GPU has *started*
+    that step: the host stays up to a step ahead per wrapper), then plans and records a new
+    one. ``func`` is the plan function, which is how SGLang's updater recognises it."""
+
+    def __init__(self, inner, plan_fn, event_factory):
+        self._inner, self.func, self._event = inner, plan_fn, event_factory
+        self._pending = None
+
+    def __call__(self, *args, **kwargs):
+        if self._pending is not None:
+            self._pending.synchronize()
+        out = self._inner(*args, **kwargs)
+        ev = self._event()
+        ev.record()
+        self._pending = ev
+        return out
+
+
+def install(backend: Any, plan_fn, pack_fn=None, fence=None) -> tuple[int, str | None]:
     """Install ``plan_fn`` (SGLang's ``fast_prefill_plan``) on every eligible captured verify
     wrapper of ``backend``, and ``MaskedFastPlan`` on the masked ones when ``pack_fn`` is
-    given: (wrappers installed, the first reason one was not, or None)."""
+    given; ``fence`` (an event factory, e.g. ``torch.cuda.Event``) wraps each in
+    ``FencedPlan``: (wrappers installed, the first reason one was not, or None)."""
     reason = backend_reason(backend)
     if reason is not None:
         return 0, reason
@@ -97,8 +126,10 @@ def install(backend: Any, plan_fn, pack_fn=None) -> tuple[int, str | None]:
             if why is None and masked and pack_fn is None:
                 why = "has a custom-mask buffer (a masked verify) and no mask packer"
             if why is None:
-                w.begin_forward = (MaskedFastPlan(w, plan_fn, pack_fn, w.begin_forward)
-                                   if masked else partial(plan_fn, w))
+                inner = (MaskedFastPlan(w, plan_fn, pack_fn, w.begin_forward)
+                         if masked else partial(plan_fn, w))
+                w.begin_forward = (FencedPlan(inner, plan_fn, fence) if fence is not None
+                                   else inner)
                 installed += 1
             elif first is None:
                 first = f"bs {bs}: {why}"

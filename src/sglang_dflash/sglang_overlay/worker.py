@@ -557,7 +557,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             installed, reason = 0, f"no fast_prefill_plan in this SGLang ({exc})"
         else:
             installed, reason = fast_plan.install(backend, fast_prefill_plan,
-                                                  fast_plan.pack_custom_mask)
+                                                  fast_plan.pack_custom_mask,
+                                                  fence=torch.cuda.Event)
         if self.ps.tp_rank == 0:
             logger.info("DDTree %s: sync-free FlashInfer plan on %d graph wrapper(s)%s.", what,
                         installed, f"; not on the rest: {reason}" if reason else "")
