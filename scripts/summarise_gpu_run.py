@@ -10,7 +10,11 @@ profiler windows, results.json) are not committed; each run directory becomes
   repository), with the command that reads one;
 * ``files``: per raw file, the figures the docs cite, reduced by file type:
   - ``*.json``: the same structure with long token lists and strings shortened, per-request
-    bench ``records`` reduced to counts, profiler windows (``profile``) reduced per batch size;
+    bench ``records`` reduced to counts, profiler windows (``profile``) reduced per batch size,
+    a bench JSON without the parts every one of a run repeats (``machine``, ``configs``,
+    ``comparison``, ``best``: the run's machine, the command in ``argv``), a trace summary's
+    top-N lists (``top_kernels`` ...) to their first ``TOP_N`` and its ``ranges`` to
+    ``TOP_RANGES``;
   - ``profile-*.jsonl``: per batch size, windows, rounds, the median over windows of each
     window's p50 and the first window's mean, per stage (what ``benchmarks/profile_table.py``
     prints);
@@ -48,6 +52,11 @@ MAX_STR = 2000  # longer strings keep their last lines only
 TAIL_LINES = 12
 MAX_LINE = 500
 TEXT_WHOLE = 8192  # text files up to this size are kept whole
+BENCH_SCHEMA = "sglang-dflash-bench/1"
+BENCH_REPEATS = ("machine", "configs", "comparison", "best")  # the same in every bench of a run
+TOP_N = 6  # entries kept of a trace summary's top_kernels / top_cpu_ops / top_runtime_calls
+TOP_LISTS = ("top_kernels", "top_cpu_ops", "top_runtime_calls")
+TOP_RANGES = 14  # and of its ranges (host and GPU ms per profiler range, largest first)
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _STAMP = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[^\]]*\]\s*")
@@ -141,8 +150,12 @@ def reduce_json(value: object, key: str = "") -> object:
             )
         return _short_str(value)
     if isinstance(value, dict):
-        return {k: reduce_json(v, k) for k, v in value.items()}
+        bench = value.get("schema") == BENCH_SCHEMA
+        return {k: reduce_json(v, k) for k, v in value.items()
+                if not (bench and k in BENCH_REPEATS)}
     if isinstance(value, list):
+        if key in TOP_LISTS or key == "ranges":
+            value = value[: TOP_N if key in TOP_LISTS else TOP_RANGES]
         if key == "records":
             return _bench_records(value)
         if key == "profile" and value and all(isinstance(v, dict) and "ms" in v for v in value):

@@ -394,3 +394,25 @@ def test_compressed_files_are_read_through_and_repeats_named_once(tmp_path):
     assert members["inner/r.json"] == {"tok_s": 12.5}
     assert "sync-free FlashInfer plan" in json.dumps(members["inner/serve-a.log"])
     assert f["runZ/serve-a.log.gz"] == {"same_as": "runZ/all.tgz:inner/serve-a.log"}
+
+
+def test_bench_repeats_and_trace_top_lists_are_reduced():
+    """What every bench JSON of a run repeats is dropped; a trace summary keeps its first
+    TOP_N entries of each top list and TOP_RANGES ranges; other JSON is left as it is."""
+    reduce = summarise_gpu_run.reduce_json
+    bench = {"schema": summarise_gpu_run.BENCH_SCHEMA, "argv": ["bench", "--url", "u"],
+             "machine": {"hostname": "vm"}, "configs": [{"label": "u"}], "comparison": [],
+             "best": [], "summaries": [{"concurrency": 1, "output_tokens_per_s": 278.0}]}
+    assert reduce(bench) == {"schema": summarise_gpu_run.BENCH_SCHEMA,
+                             "argv": ["bench", "--url", "u"],
+                             "summaries": [{"concurrency": 1, "output_tokens_per_s": 278.0}]}
+    other = {"schema": "something-else/1", "machine": {"hostname": "vm"}}
+    assert reduce(other) == other
+    rows = [{"name": f"k{i}", "ms_per_step": float(i)} for i in range(20)]
+    trace = {"top_kernels": rows, "top_cpu_ops": rows, "top_runtime_calls": rows,
+             "ranges": rows, "other": rows}
+    out = reduce(trace)
+    for key in summarise_gpu_run.TOP_LISTS:
+        assert out[key] == rows[: summarise_gpu_run.TOP_N]
+    assert out["ranges"] == rows[: summarise_gpu_run.TOP_RANGES]
+    assert out["other"] == rows
