@@ -56,36 +56,37 @@ STEPS_MODIFIER = re.compile(r"k([0-9]+)")
 MODIFIER_NAMES = (*("+" + k for k in MODIFIERS), "+k<K>")
 
 
-def _modifier_env(mod: str, head: str) -> dict[str, str]:
-    """The server environment of one modifier ({} for a flag modifier); ValueError if bad."""
+def _modifier_env(mod: str, head: str, mode: str) -> dict[str, str]:
+    """The server environment of one modifier of ``mode`` ({} for a flag modifier); a
+    one-line ValueError for an unknown or bad one."""
+    if mod in MODIFIERS:
+        return {}
     hit = STEPS_MODIFIER.fullmatch(mod)
     if hit is None:
-        return {}
+        raise ValueError(f"unknown modifier +{mod} in {mode!r}: " + ", ".join(MODIFIER_NAMES))
     if not head.startswith(("ddtree:", "adaptive:")):
         raise ValueError(f"+{mod} needs a DDTree mode (ddtree:<N> or adaptive:<N>), not {head!r}")
-    overlay_settings.parse_nodraft_steps(hit.group(1))  # 1..64, else the overlay's own line
-    return {overlay_settings.NODRAFT_STEPS_ENV: str(int(hit.group(1)))}
+    try:
+        steps = overlay_settings.parse_nodraft_steps(hit.group(1))  # 1..64: the overlay's rule
+    except overlay_settings.DDTreeConfigError as exc:
+        raise ValueError(str(exc)) from None
+    return {overlay_settings.NODRAFT_STEPS_ENV: str(steps)}
 
 
 def split_modifiers(mode: str) -> tuple[str, tuple[str, ...]]:
     """``none+no-overlap`` -> ("none", ("no-overlap",)); a one-line ValueError otherwise."""
     head, *mods = mode.split("+")
     for m in mods:
-        if m not in MODIFIERS and STEPS_MODIFIER.fullmatch(m) is None:
-            raise ValueError(f"unknown modifier +{m} in {mode!r}: " + ", ".join(MODIFIER_NAMES))
-        try:
-            _modifier_env(m, head)
-        except overlay_settings.DDTreeConfigError as exc:
-            raise ValueError(str(exc)) from None
+        _modifier_env(m, head, mode)
     return head, tuple(mods)
 
 
 def modifier_env(mode: str) -> dict[str, str]:
     """The server environment a mode's modifiers set (``adaptive:16+k16`` -> the step count)."""
-    head, mods = split_modifiers(mode)
+    head, *mods = mode.split("+")
     env: dict[str, str] = {}
     for m in mods:
-        env |= _modifier_env(m, head)
+        env |= _modifier_env(m, head, mode)
     return env
 
 

@@ -282,12 +282,12 @@ def evidence(
 # ---- CLI -----------------------------------------------------------------------------------
 
 
-def merge_serves(docs: list[tuple[str, dict]]) -> dict:
+def merge_serves(docs: list[dict]) -> dict:
     """One results object whose ``serve`` holds every file's modes (the same pair served in
     several calls: the reference from one, the other modes from the next). A mode key seen in
     an earlier file gets ``#<file number>`` appended, so nothing is dropped. Pure."""
     serve: dict = {}
-    for n, (_, doc) in enumerate(docs, start=1):
+    for n, doc in enumerate(docs, start=1):
         for key, rec in doc["serve"].items():
             serve[key if key not in serve else f"{key}#{n}"] = rec
     return {"serve": serve}
@@ -308,7 +308,7 @@ def _read_inputs(pair: Path, results_paths: list[Path]) -> tuple[dict, list[list
             raise InputError(f"{results_path}: unreadable JSON: {exc}") from None
         if not isinstance(results, dict) or not isinstance(results.get("serve"), dict):
             raise InputError(f"{results_path}: no 'serve' object (not serve_pair's results.json)")
-        docs.append((str(results_path), results))
+        docs.append(results)
     try:
         prompts = [
             json.loads(line)["input_ids"]

@@ -138,7 +138,7 @@ def test_find_divergences_and_summary():
 def test_merge_serves_keeps_every_mode():
     a = {"serve": {"none": {"mode": "none"}, "dflash": {"mode": "dflash"}}}
     b = {"serve": {"dflash": {"mode": "dflash", "n": 2}, "ddtree:8": {"mode": "ddtree:8"}}}
-    merged = tm.merge_serves([("a.json", a), ("b.json", b)])["serve"]
+    merged = tm.merge_serves([a, b])["serve"]
     assert list(merged) == ["none", "dflash", "dflash#2", "ddtree:8"]
     assert merged["dflash#2"] == {"mode": "dflash", "n": 2}
     assert merged["dflash"] == {"mode": "dflash"}
