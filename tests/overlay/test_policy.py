@@ -169,7 +169,8 @@ def test_a_new_request_is_probed_at_once_after_a_fallback():
     weak = lambda n: 1.0 + 0.02 * min(n, 3)  # noqa: E731
     strong = lambda n: 1.0 + min(n, 15)  # noqa: E731  (every depth accepted)
     cost = lambda n: 2.4 if n == 0 else 2.6 + 0.02 * n  # noqa: E731  (ms; flat verify at bs 1)
-    plan = [(400, weak), (200, strong), (300, weak), (200, strong)]
+    # the second weak stretch is long enough for the probe interval to reach its ceiling
+    plan = [(400, weak), (200, strong), (2000, weak), (200, strong)]
     pol = AdaptivePolicy(auto_schedule(15))
     runs = simulate_requests(pol, plan, cost)
     assert collections.Counter(runs[0][200:]).most_common(1)[0][0] == 0  # fell back
@@ -225,3 +226,113 @@ def test_nodraft_steps_setting():
     for bad, needle in (("x", "not an integer"), ("0", "outside 1..64"), ("65", "outside")):
         with pytest.raises(settings.DDTreeConfigError, match=needle):
             settings.nodraft_steps_from_env(16, {env: bad})
+
+
+# H200 §22 (4B shape, FlashInfer, bs 1): the adaptive server's own cost EMAs (ms a round) and
+# the branchy regime's accept lengths per budget; a no-draft round there runs k = 8 steps.
+H200_BS1_COST = {0: 30.3, 3: 6.8, 7: 6.6, 15: 6.7, 31: 7.7, 64: 8.55}
+BRANCHY_BS1 = {3: 1.0, 7: 1.0, 15: 1.0, 31: 2.25, 64: 3.14}
+# the policy as it ran in §22: EMAs moving a fifth a round, probes never followed up
+BEFORE = {"alpha": 0.2, "confirm_max": 0, "confirm_min": 10**9}
+
+
+def serve_tokens(policy, requests, cost, lag=3, k=8):
+    """bs = 1, requests one after another, each ``(tokens, accept)`` with ``accept()`` giving
+    one round's accept length per budget (budget 0 commits k). Returns per request (tokens,
+    ms, budgets run): a request ends when its tokens are committed, as SGLang's would."""
+    from sglang_dflash.sglang_overlay.policy import fresh_share
+
+    seen: set = set()
+    pending = collections.deque()
+    out = []
+    for rid, (tokens, accept) in enumerate(requests):
+        got, ms, ran = 0.0, 0.0, []
+        while got < tokens:
+            while len(pending) > lag:
+                n, acc = pending.popleft()
+                policy.observe(1, n, {m: acc[m] for m in policy.schedule.candidates(1)
+                                      if 0 < m <= n}, cost[n])
+            n = policy.choose(1, fresh_share([rid], seen)).budget
+            if n == policy.schedule.candidates(1)[-1]:
+                seen = {rid}
+            acc = accept()
+            got += k if n == 0 else acc[n]
+            ms += cost[n]
+            ran.append(n)
+            pending.append((n, acc))
+        out.append((got, ms, ran))
+    return out
+
+
+def tokens_per_ms(runs) -> float:
+    return sum(g for g, _, _ in runs) / sum(ms for _, ms, _ in runs)
+
+
+def test_a_probe_that_finds_a_better_tree_is_followed_up():
+    """H200 §22: after the absent levels the bs-1 slot sat on no draft (k = 8) through the
+    branchy level, whose tree earns 3.14 a round: one probe per new request moved the EMA a
+    tenth of the way, and the level's 5 requests ended before it flipped (served accept 3.71
+    = mostly no-draft rounds counted as 8; 278 tok/s where the meter's tree gave 367). A probe
+    that finds the better tree is now followed up until the slot switches."""
+    oracle = BRANCHY_BS1[64] / H200_BS1_COST[64]
+    absent = lambda: {n: 1.0 for n in BRANCHY_BS1}  # noqa: E731
+    plan = [(256, absent)] * 20 + [(256, lambda: BRANCHY_BS1)] * 5
+    follow = serve_tokens(AdaptivePolicy(auto_schedule(64), nodraft_tokens=8), plan,
+                          H200_BS1_COST)
+    assert collections.Counter(follow[19][2]).most_common(1)[0][0] == 0  # absent: no draft
+    assert tokens_per_ms(follow[20:]) >= 0.95 * oracle
+    assert all(run.count(64) / len(run) > 0.9 for _, _, run in follow[21:])
+    old = serve_tokens(AdaptivePolicy(auto_schedule(64), nodraft_tokens=8, **BEFORE), plan,
+                       H200_BS1_COST)
+    assert tokens_per_ms(old[20:]) < 0.8 * oracle  # what the grid measured (0.76)
+
+
+def test_a_noisy_round_does_not_make_a_paying_tree_fall_back():
+    """One round's accept length at bs 1 is noisy (here 1 + a geometric number of accepted
+    drafts, mean 3.14). An EMA that moved a fifth of the way per round fell back to no draft
+    after a few bad rounds and, without the follow-up, stayed there until the next probe: half
+    the rounds ran without a draft on a regime whose tree pays 1.4x the no-draft round."""
+    import random
+
+    oracle = BRANCHY_BS1[64] / H200_BS1_COST[64]
+    absent = lambda: {n: 1.0 for n in BRANCHY_BS1}  # noqa: E731
+
+    def geometric(rng):
+        def one():
+            a = 1
+            while rng.random() < 0.682 and a < 20:
+                a += 1
+            return {3: 1.0, 7: 1.0, 15: 1.0, 31: 1 + (a - 1) * 0.58, 64: a}
+        return one
+
+    def steady(**kw):
+        ratios, nodraft = [], []
+        for seed in range(6):
+            pol = AdaptivePolicy(auto_schedule(64), nodraft_tokens=8, **kw)
+            plan = [(256, absent)] * 10 + [(256, geometric(random.Random(seed)))] * 20
+            runs = serve_tokens(pol, plan, H200_BS1_COST)[12:]
+            ratios.append(tokens_per_ms(runs) / oracle)
+            nodraft.append(sum(r.count(0) for *_, r in runs) / sum(len(r) for *_, r in runs))
+        return sum(ratios) / len(ratios), sum(nodraft) / len(nodraft)
+
+    ratio, nodraft = steady()
+    assert ratio >= 0.93 and nodraft < 0.1, (ratio, nodraft)
+    old_ratio, old_nodraft = steady(**BEFORE)
+    assert old_ratio < 0.85 and old_nodraft > 0.3, (old_ratio, old_nodraft)
+
+
+def test_the_follow_up_is_capped_and_ends_with_a_switch():
+    pol = AdaptivePolicy(parse_schedule("1:0,15", 15), confirm_max=5)
+    s = pol.slot(1)
+    s.accept, s.cost, s.current = {0: 8.0, 15: 1.0}, {0: 30.0, 15: 8.0}, 0
+    pol._cost_seen = {(1, 0): 9, (1, 15): 9}
+    s.since_probe, s.probe_every = 0, 256
+    assert pol.choose(1).budget == 0
+    pol.observe(1, 15, {15: 1.0}, 8.0)  # a probe that says nothing better: no follow-up
+    assert not s.confirming and pol.choose(1).budget == 0
+    pol.observe(1, 15, {15: 6.0}, 8.0)  # 6/8 per ms against 8/30: follow it up
+    assert s.confirming
+    assert [pol.choose(1).budget for _ in range(7)] == [15] * 5 + [0, 0]  # capped at 5
+    for _ in range(10):  # the follow-up's rounds arrive: the EMA flips, the slot switches
+        pol.observe(1, 15, {15: 6.0}, 8.0)
+    assert s.current == 15 and not s.confirming and s.switches == 1

@@ -16,6 +16,17 @@ that earns nothing makes every round a loss, so the budget is chosen per round:
 * The slot picks the candidate with the most tokens per millisecond. Budgets above the running
   one are unseen, so the slot runs its largest candidate once every ``probe`` rounds; the probe
   interval doubles while probes confirm the choice (the probing overhead falls to <1 %).
+* A probe whose own round says a larger budget beats the current choice is **followed up**:
+  the slot keeps running its largest candidate, round after round, while the mean of these
+  rounds says so (at most ``confirm_max`` rounds); after ``confirm_min`` of them their mean
+  replaces the stale EMAs, and the slot switches. One probe moves an EMA by ``alpha`` only,
+  so after a long stretch of weak drafts a budget that now earns 3x needed many probes, one
+  per new request or per probe interval (H200 §22: the slot at bs 1 stayed on no draft
+  through most of the branchy level: accept 3.71 served, where its tree accepted 3.14 a round
+  and a no-draft round counts 8; 278 tok/s where the tree's own rounds gave 367).
+* The EMAs move by ``alpha`` = 0.05 a round: one round's accept length at bs 1 is noisy (a
+  geometric number of drafts), and at 0.2 a few bad rounds made a paying tree fall back
+  (simulated in tests/overlay/test_policy.py: half the rounds without a draft).
 
 Losslessness does not depend on any of this: every round is verified by the target whatever
 its width. ``auto_schedule`` is the default derived from the measured verify cost (a round's
@@ -217,6 +228,10 @@ class Slot:
     since_probe: int = 0
     probe_every: int = 0
     switches: int = 0
+    confirming: bool = False  # the follow-up's probes say a larger budget wins: probe again
+    confirm_rounds: int = 0  # rounds probed in a row while confirming (capped at confirm_max)
+    streak: dict[int, float] = field(default_factory=dict)  # accept sums of the follow-up
+    streak_rounds: int = 0
 
 
 @dataclass(frozen=True)
@@ -238,7 +253,7 @@ class AdaptivePolicy:
         self,
         schedule: Schedule,
         *,
-        alpha: float = 0.2,
+        alpha: float = 0.05,
         probe_min: int = 16,
         probe_max: int = 256,
         hysteresis: float = 0.03,
@@ -246,6 +261,8 @@ class AdaptivePolicy:
         fresh_probe: float = 0.25,
         fresh_gap: int = 4,
         nodraft_tokens: int = 1,
+        confirm_max: int = 16,
+        confirm_min: int = 4,
     ):
         self.schedule = schedule
         # tokens a no-draft round commits per request (its decode steps: the worker's
@@ -258,6 +275,8 @@ class AdaptivePolicy:
         self.cost_samples = cost_samples
         self.fresh_probe = fresh_probe
         self.fresh_gap = fresh_gap
+        self.confirm_max = confirm_max
+        self.confirm_min = confirm_min
         self.slots: dict[int, Slot] = {}
         self._cost_seen: dict[tuple[int, int], int] = {}
 
@@ -285,7 +304,10 @@ class AdaptivePolicy:
                 return Choice(n, probe=False)
         due = s.since_probe >= s.probe_every or (
             fresh >= self.fresh_probe and s.since_probe >= self.fresh_gap)
-        if s.current != top and due:
+        confirm = s.confirming and s.confirm_rounds < self.confirm_max
+        if s.current != top and (due or confirm):
+            # a regular probe may start a new follow-up; a follow-up probe counts toward its cap
+            s.confirm_rounds = 0 if due else s.confirm_rounds + 1
             s.since_probe = 0
             return Choice(top, probe=True)
         s.since_probe += 1
@@ -325,6 +347,8 @@ class AdaptivePolicy:
             if seen >= 1:  # the first round of a width pays one-off costs (H200: 347 ms at N=16)
                 old = s.cost.get(ran)
                 s.cost[ran] = cost_ms if old is None else (1 - a) * old + a * cost_ms
+        if ran == s.candidates[-1] and s.current != ran:
+            self._follow_up(s, accept_by_budget)
         best = max(s.candidates, key=lambda n: self.value(s, n))
         if self.value(s, best) == -math.inf:
             return s.current
@@ -334,10 +358,30 @@ class AdaptivePolicy:
                 s.current = best
                 s.switches += 1
                 s.probe_every = self.probe_min
+                s.confirming, s.confirm_rounds, s.streak, s.streak_rounds = False, 0, {}, 0
                 return s.current
-        if ran == s.candidates[-1] and best == s.current:
+        if ran == s.candidates[-1] and best == s.current and not s.confirming:
             s.probe_every = min(self.probe_max, s.probe_every * 2)
         return s.current
+
+    def _follow_up(self, s: Slot, accept_by_budget: dict[int, float]) -> None:
+        """After a top-budget round while another budget is current: keep probing while this
+        round's own accept lengths (at the measured costs) beat the current choice."""
+        cur_v = self.value(s, s.current)
+        for n, v in accept_by_budget.items():
+            s.streak[n] = s.streak.get(n, 0.0) + v
+        s.streak_rounds += 1
+        sample = max((v / s.streak_rounds / s.cost[n] for n, v in s.streak.items()
+                      if n in s.candidates and n > 0 and s.cost.get(n, 0) > 0), default=-math.inf)
+        s.confirming = cur_v != -math.inf and sample > cur_v * (1 + self.hysteresis)
+        if not s.confirming:
+            s.confirm_rounds, s.streak, s.streak_rounds = 0, {}, 0
+        elif s.streak_rounds >= self.confirm_min:
+            # the EMAs above the current budget are stale (only probes update them); the
+            # follow-up's own rounds are the fresh estimate: adopt it, so the slot switches
+            for n, v in s.streak.items():
+                if n in s.candidates and n > 0:
+                    s.accept[n] = v / s.streak_rounds
 
     def summary(self) -> dict[str, dict]:
         """Per padded batch size: current budget, EMAs, rounds (for logs and ``check --url``)."""
