@@ -271,7 +271,7 @@ def tokens_per_ms(runs) -> float:
 def test_a_probe_that_finds_a_better_tree_is_followed_up():
     """H200 §22: after the absent levels the bs-1 slot sat on no draft (k = 8) through the
     branchy level, whose tree earns 3.14 a round: one probe per new request moved the EMA a
-    tenth of the way, and the level's 5 requests ended before it flipped (served accept 3.71
+    fifth of the way, and the level's 5 requests ended before it flipped (served accept 3.71
     = mostly no-draft rounds counted as 8; 278 tok/s where the meter's tree gave 367). A probe
     that finds the better tree is now followed up until the slot switches."""
     oracle = BRANCHY_BS1[64] / H200_BS1_COST[64]
