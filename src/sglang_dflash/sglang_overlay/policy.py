@@ -358,25 +358,31 @@ class AdaptivePolicy:
                 s.current = best
                 s.switches += 1
                 s.probe_every = self.probe_min
-                s.confirming, s.confirm_rounds, s.streak, s.streak_rounds = False, 0, {}, 0
+                self._end_follow_up(s)
                 return s.current
         if ran == s.candidates[-1] and best == s.current and not s.confirming:
             s.probe_every = min(self.probe_max, s.probe_every * 2)
         return s.current
 
+    @staticmethod
+    def _end_follow_up(s: Slot) -> None:
+        s.confirming, s.confirm_rounds, s.streak, s.streak_rounds = False, 0, {}, 0
+
     def _follow_up(self, s: Slot, accept_by_budget: dict[int, float]) -> None:
-        """After a top-budget round while another budget is current: keep probing while this
-        round's own accept lengths (at the measured costs) beat the current choice."""
+        """After a top-budget round while another budget is current: keep probing while the
+        mean accept lengths of the follow-up's rounds (at the measured costs) beat the current
+        choice; after ``confirm_min`` rounds that mean replaces the EMAs."""
         cur_v = self.value(s, s.current)
         for n, v in accept_by_budget.items():
             s.streak[n] = s.streak.get(n, 0.0) + v
         s.streak_rounds += 1
         sample = max((v / s.streak_rounds / s.cost[n] for n, v in s.streak.items()
                       if n in s.candidates and n > 0 and s.cost.get(n, 0) > 0), default=-math.inf)
-        s.confirming = cur_v != -math.inf and sample > cur_v * (1 + self.hysteresis)
-        if not s.confirming:
-            s.confirm_rounds, s.streak, s.streak_rounds = 0, {}, 0
-        elif s.streak_rounds >= self.confirm_min:
+        if cur_v == -math.inf or sample <= cur_v * (1 + self.hysteresis):
+            self._end_follow_up(s)
+            return
+        s.confirming = True
+        if s.streak_rounds >= self.confirm_min:
             # the EMAs above the current budget are stale (only probes update them); the
             # follow-up's own rounds are the fresh estimate: adopt it, so the slot switches
             for n, v in s.streak.items():
