@@ -276,15 +276,19 @@ def test_a_probe_that_finds_a_better_tree_is_followed_up():
     that finds the better tree is now followed up until the slot switches."""
     oracle = BRANCHY_BS1[64] / H200_BS1_COST[64]
     absent = lambda: {n: 1.0 for n in BRANCHY_BS1}  # noqa: E731
-    plan = [(256, absent)] * 20 + [(256, lambda: BRANCHY_BS1)] * 5
+    plan = [(256, absent)] * 20 + [(256, lambda: BRANCHY_BS1)] * 5 + [(256, absent)] * 5
     follow = serve_tokens(AdaptivePolicy(auto_schedule(64), nodraft_tokens=8), plan,
                           H200_BS1_COST)
     assert collections.Counter(follow[19][2]).most_common(1)[0][0] == 0  # absent: no draft
-    assert tokens_per_ms(follow[20:]) >= 0.95 * oracle
-    assert all(run.count(64) / len(run) > 0.9 for _, _, run in follow[21:])
+    assert tokens_per_ms(follow[20:25]) >= 0.95 * oracle
+    assert all(run.count(64) / len(run) > 0.9 for _, _, run in follow[21:25])
+    # and back: the slower EMA still leaves the tree within a request once it stops paying
+    nodraft = 8 / H200_BS1_COST[0]
+    assert tokens_per_ms(follow[25:]) >= 0.95 * nodraft
+    assert collections.Counter(follow[26][2]).most_common(1)[0][0] == 0
     old = serve_tokens(AdaptivePolicy(auto_schedule(64), nodraft_tokens=8, **BEFORE), plan,
                        H200_BS1_COST)
-    assert tokens_per_ms(old[20:]) < 0.8 * oracle  # what the grid measured (0.76)
+    assert tokens_per_ms(old[20:25]) < 0.8 * oracle  # what the grid measured (0.76)
 
 
 def test_a_noisy_round_does_not_make_a_paying_tree_fall_back():
