@@ -7,6 +7,7 @@
       draftModel = "z-lab/Qwen3-8B-DFlash-b16";
       algorithm = "ddtree";
       ddtree.budget = 64;
+      ddtree.policy = "adaptive";        # smaller trees or no draft where N = 64 does not pay
       gpus = [ 0 1 ];                    # tensor parallel 2 (the default: one rank per GPU)
       port = 30000;
       memFractionStatic = 0.8;
