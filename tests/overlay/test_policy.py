@@ -236,6 +236,15 @@ BRANCHY_BS1 = {3: 1.0, 7: 1.0, 15: 1.0, 31: 2.25, 64: 3.14}
 BEFORE = {"alpha": 0.2, "confirm_max": 0, "confirm_min": 10**9}
 
 
+def draw_accept(rng, p: float) -> int:
+    """One request's accept length in a round: 1 + a geometric number of accepted drafts
+    (each accepted with probability p; mean 1 / (1 - p)), capped at 20."""
+    a = 1
+    while rng.random() < p and a < 20:
+        a += 1
+    return a
+
+
 def serve_tokens(policy, requests, cost, lag=3, k=8):
     """bs = 1, requests one after another, each ``(tokens, accept)`` with ``accept()`` giving
     one round's accept length per budget (budget 0 commits k). Returns per request (tokens,
@@ -303,9 +312,7 @@ def test_a_noisy_round_does_not_make_a_paying_tree_fall_back():
 
     def geometric(rng):
         def one():
-            a = 1
-            while rng.random() < 0.682 and a < 20:
-                a += 1
+            a = draw_accept(rng, 0.682)  # mean 3.14
             return {3: 1.0, 7: 1.0, 15: 1.0, 31: 1 + (a - 1) * 0.58, 64: a}
         return one
 
@@ -364,13 +371,7 @@ def test_at_bs8_a_tree_that_pays_ten_percent_is_kept():
                                         for m in pol.schedule.candidates(bs) if 0 < m <= n},
                                 cost[n])
                 n = pol.choose(bs).budget
-                draws = []
-                for _ in range(bs):
-                    a = 1
-                    while rng.random() < 0.613 and a < 20:  # mean 2.58
-                        a += 1
-                    draws.append(a)
-                acc = sum(draws) / bs
+                acc = sum(draw_accept(rng, 0.613) for _ in range(bs)) / bs  # mean 2.58
                 step = 8 if n == 0 else acc if n == 31 else 1.474
                 done += step
                 tokens += step * bs

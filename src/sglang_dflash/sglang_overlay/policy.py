@@ -228,10 +228,14 @@ class Slot:
     since_probe: int = 0
     probe_every: int = 0
     switches: int = 0
-    confirming: bool = False  # the follow-up's probes say a larger budget wins: probe again
     confirm_rounds: int = 0  # rounds probed in a row while confirming (capped at confirm_max)
     streak: dict[int, float] = field(default_factory=dict)  # accept sums of the follow-up
     streak_rounds: int = 0
+
+    @property
+    def confirming(self) -> bool:
+        """A follow-up is on: its rounds so far say a larger budget wins, so probe again."""
+        return self.streak_rounds > 0
 
 
 @dataclass(frozen=True)
@@ -366,7 +370,7 @@ class AdaptivePolicy:
 
     @staticmethod
     def _end_follow_up(s: Slot) -> None:
-        s.confirming, s.confirm_rounds, s.streak, s.streak_rounds = False, 0, {}, 0
+        s.confirm_rounds, s.streak, s.streak_rounds = 0, {}, 0
 
     def _follow_up(self, s: Slot, accept_by_budget: dict[int, float]) -> None:
         """After a top-budget round while another budget is current: keep probing while the
@@ -381,7 +385,6 @@ class AdaptivePolicy:
         if cur_v == -math.inf or sample <= cur_v * (1 + self.hysteresis):
             self._end_follow_up(s)
             return
-        s.confirming = True
         if s.streak_rounds >= self.confirm_min:
             # the EMAs above the current budget are stale (only probes update them); the
             # follow-up's own rounds are the fresh estimate: adopt it, so the slot switches
