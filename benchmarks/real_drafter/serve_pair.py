@@ -16,7 +16,10 @@ run, then ``<mode>``; the drafter is the real one, nothing planted), ``profile:<
 own torch profiler over ``--profile-steps`` forward steps at c = 1 and 8, each trace reduced on
 the host by ``benchmarks/trace_summary.py`` to a per-step table and then deleted). Modifiers
 (``<mode>+<modifier>``): ``+no-overlap`` (``--disable-overlap-schedule``), ``+k<K>`` (a DDTree
-mode's no-draft round as K decode steps: ``SGLANG_DFLASH_DDTREE_NODRAFT_STEPS=K``).
+mode's no-draft round as K decode steps: ``SGLANG_DFLASH_DDTREE_NODRAFT_STEPS=K``), ``+tree``
+(an adaptive mode whose schedule is N alone, ``ddtree.policy = "adaptive:1:<N>"``: every round a
+tree of N with the policy's meter and choice running, so a profile sets its cost against the
+fixed policy's on dummy weights, where the default schedule would fall back to no draft).
 
 Per mode: ready time, ``check --url``, the first ``--greedy-prompts`` held-out prompts one at a
 time (output ids, SGLang's per-request spec_accept_length / verify_ct / histogram), the same
@@ -51,15 +54,21 @@ DETERMINISTIC = "--enable-deterministic-inference"
 
 # ``<mode>+<modifier>``: server flags a mode can add (each also named in the mode's label).
 MODIFIERS = {"no-overlap": "--disable-overlap-schedule"}
+# ``+tree``: an adaptive mode's schedule is its budget N alone (the policy runs, never falls back)
+TREE_MODIFIER = "tree"
 # ``+k<K>``: the server's no-draft round as K decode steps (the overlay's setting; a DDTree mode)
 STEPS_MODIFIER = re.compile(r"k([0-9]+)")
-MODIFIER_NAMES = (*("+" + k for k in MODIFIERS), "+k<K>")
+MODIFIER_NAMES = (*("+" + k for k in MODIFIERS), "+" + TREE_MODIFIER, "+k<K>")
 
 
 def _modifier_env(mod: str, head: str, mode: str) -> dict[str, str]:
     """The server environment of one modifier of ``mode`` ({} for a flag modifier); a
     one-line ValueError for an unknown or bad one."""
     if mod in MODIFIERS:
+        return {}
+    if mod == TREE_MODIFIER:
+        if not head.startswith("adaptive:"):
+            raise ValueError(f"+{mod} needs an adaptive mode (adaptive:<N>), not {head!r}")
         return {}
     hit = STEPS_MODIFIER.fullmatch(mod)
     if hit is None:
@@ -141,7 +150,10 @@ def pair_config(pair: Path, name: str, mode: str, backend: str, *,
         if dummy:
             cfg["draftLoadFormat"] = "dummy"
     if budget is not None:
-        cfg["ddtree"] = {"budget": budget, "policy": "adaptive" if adaptive else "fixed"}
+        policy = "adaptive" if adaptive else "fixed"
+        if TREE_MODIFIER in split_modifiers(mode)[1]:
+            policy = f"adaptive:1:{budget}"
+        cfg["ddtree"] = {"budget": budget, "policy": policy}
     env = modifier_env(mode)
     if env:
         cfg["environment"] = env

@@ -279,6 +279,22 @@ def test_steps_modifier_sets_the_no_draft_step_count():
         sp.parse_mode("adaptive:16+k0")
 
 
+def test_tree_modifier_runs_the_policy_on_the_budget_alone():
+    import real_drafter.serve_pair as sp
+
+    from sglang_dflash.sglang_overlay.policy import parse_policy
+
+    assert sp.mode_label("adaptive:64+tree") == "ddtree-adaptive-64+tree"
+    cfg = sp.pair_config(Path("/p"), "n", "adaptive:64+tree", "flashinfer")
+    assert cfg["ddtree"] == {"budget": 64, "policy": "adaptive:1:64"}
+    spec = parse_policy(cfg["ddtree"]["policy"], 64, "ddtree.policy")
+    assert spec.adaptive and spec.schedule.candidates(1) == spec.schedule.candidates(32) == (64,)
+    assert sp.pair_config(Path("/p"), "n", "adaptive:64", "flashinfer")["ddtree"]["policy"] \
+        == "adaptive"
+    with pytest.raises(ValueError, match="needs an adaptive mode"):
+        sp.parse_mode("ddtree:64+tree")
+
+
 def test_profile_with_a_step_count_starts_its_server_with_it(pair, tmp_path):
     from sglang_dflash.sglang_overlay import settings
 
