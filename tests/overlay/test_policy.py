@@ -6,6 +6,7 @@ import collections
 
 import pytest
 
+from sglang_dflash.sglang_overlay import policy as policy_mod
 from sglang_dflash.sglang_overlay import settings
 from sglang_dflash.sglang_overlay.policy import (
     AdaptivePolicy,
@@ -387,3 +388,104 @@ def test_at_bs8_a_tree_that_pays_ten_percent_is_kept():
     assert sum(r for r, _ in now) / 4 >= 0.97 * oracle
     assert sum(z for _, z in now) / 4 < 0.1
     assert min(z for _, z in before) > 0.5  # the old EMA: mostly no draft (0.91 x the tree)
+
+
+BS8_BRANCHY = {0: 32.43, 3: 8.64, 7: 8.78, 15: 9.16, 31: 9.82}  # H200 §25: ms a round at bs 8
+
+
+def test_a_lucky_probe_opens_a_follow_up_but_is_not_counted():
+    """H200 §25, bs 8 on branchy: budget 31 earned 2.1 a round in 9.82 ms (0.214 a ms), no
+    draft 8 in 32.43 (0.247). A probe of 4.0 opens a follow-up; with the probe in the mean,
+    it plus three average rounds (2.575 > the 2.495 that beats no draft by the 3 % margin)
+    switched the slot to a losing tree. Now the follow-up's own rounds decide, and they end it."""
+    pol = AdaptivePolicy(parse_schedule("1:0,31", 31), nodraft_tokens=8)
+    s = pol.slot(1)
+    s.accept, s.cost, s.current = {0: 8.0, 31: 2.1}, {0: 32.43, 31: 9.82}, 0
+    pol._cost_seen = {(1, 0): 9, (1, 31): 9}
+    pol.observe(1, 31, {31: 4.0}, 9.82)
+    assert s.confirming and s.follow_ups["opened"] == 1
+    pol.observe(1, 31, {31: 2.1}, 9.82)  # the first round of its own: 0.214 < 0.254
+    assert not s.confirming and s.follow_ups["ended"] == 1
+    for _ in range(3):
+        pol.observe(1, 31, {31: 2.1}, 9.82)
+    assert s.current == 0 and s.switches == 0
+
+
+def test_a_small_edge_needs_more_rounds_than_a_large_one():
+    """The follow-up's mean is shrunk toward the EMAs it started from (4 rounds of weight).
+    From absent's stale EMA (1.0), a tree that now earns 3x no draft's rate is adopted after
+    ``confirm_min`` rounds, one whose mean is 4 % over the bar not within the follow-up's cap
+    (a false switch costs rounds at a losing width until the EMA decays; a missed small gain
+    costs little, and the EMA still finds it)."""
+    def rounds_to_switch(edge_accept: float) -> int:
+        pol = AdaptivePolicy(parse_schedule("1:0,31", 31), nodraft_tokens=8)
+        s = pol.slot(1)
+        s.accept, s.cost, s.current = {0: 8.0, 31: 1.0}, {0: 32.43, 31: 9.82}, 0
+        pol._cost_seen = {(1, 0): 9, (1, 31): 9}
+        pol.observe(1, 31, {31: 4.0}, 9.82)  # the probe that opens it
+        for k in range(1, 200):
+            pol.observe(1, 31, {31: edge_accept}, 9.82)
+            if s.current == 31:
+                return k
+        return 10**9
+
+    assert rounds_to_switch(6.3) == 4  # 3x: after confirm_min rounds
+    slow = rounds_to_switch(2.6)  # 4 % over the bar: the shrunk mean stays below it
+    assert 16 < slow < 10**9  # not within the cap of 16; the EMA (0.05 a round) gets there
+
+
+def test_at_bs8_close_values_keep_the_slot_still():
+    """§25's bs-8 values (no draft 0.247 a ms, budget 31 0.214, budget 3 0.225), requests as
+    a batch mean of 8 geometric draws, the slot starting from absent's EMAs (every budget 1.0,
+    no draft current): it stays on no draft, switching rarely; a slowly varying drafter
+    (accept 1.7 and 2.5 in turns of 20 rounds) moves it more but still within 2 % of no draft's
+    rate. The §24 rule switched 6-12 times a level here (26 with the varying drafter)."""
+    import random
+
+    def serve(seed, mean_at, waves=20, bs=8, lag=3):
+        pol = AdaptivePolicy(auto_schedule(64), nodraft_tokens=8)
+        rng, pending, ran = random.Random(seed), collections.deque(), []
+        tokens = ms = 0.0
+        r = 0
+        for _ in range(waves):
+            done, fresh = 0.0, 1.0
+            while done < 256:
+                while len(pending) > lag:
+                    n, acc = pending.popleft()
+                    pol.observe(bs, n, {m: acc if m == 31 else 1 + (acc - 1) * 0.856
+                                        for m in pol.schedule.candidates(bs) if 0 < m <= n},
+                                BS8_BRANCHY[n])
+                n = pol.choose(bs, fresh).budget
+                fresh = 0.0 if n == 31 else fresh
+                p = 1 - 1 / mean_at(r)
+                acc = sum(draw_accept(rng, p) for _ in range(bs)) / bs
+                step = 8 if n == 0 else acc if n == 31 else 1 + (acc - 1) * 0.856
+                done += step
+                tokens += step * bs
+                ms += BS8_BRANCHY[n]
+                ran.append(n)
+                pending.append((n, acc))
+                r += 1
+        return tokens / ms, ran.count(0) / len(ran), pol.slots[bs].switches
+
+    nodraft = 8 * 8 / BS8_BRANCHY[0]
+    flat = [serve(s, lambda r: 2.1) for s in range(6)]
+    assert sum(t for t, _, _ in flat) / 6 >= 0.99 * nodraft
+    assert sum(z for _, z, _ in flat) / 6 >= 0.85
+    assert sum(w for *_, w in flat) / 6 <= 5, flat
+    varying = [serve(s, lambda r: 1.7 if (r // 20) % 2 == 0 else 2.5) for s in range(6)]
+    assert sum(t for t, _, _ in varying) / 6 >= 0.98 * nodraft
+    assert sum(w for *_, w in varying) / 6 <= 12, varying
+
+
+def test_summary_shows_the_runs_and_follow_ups():
+    pol = AdaptivePolicy(parse_schedule("1:0,15", 15), nodraft_tokens=8)
+    for n in (15, 15, 0, 0, 0, 15):
+        pol.observe(1, n, {15: 1.0} if n else {}, 8.0 if n else 30.0)
+    one = pol.summary()["1"]
+    assert one["recent"] == "15x2 0x3 15x1"
+    assert set(one["follow_ups"]) == {"opened", "adopted", "ended", "capped"}
+    for _ in range(200):  # the kept runs are bounded
+        pol.observe(1, 15, {15: 1.0}, 8.0)
+        pol.observe(1, 0, {}, 30.0)
+    assert len(pol.summary()["1"]["recent"].split()) == policy_mod.RUNS_KEPT

@@ -17,13 +17,19 @@ that earns nothing makes every round a loss, so the budget is chosen per round:
   one are unseen, so the slot runs its largest candidate once every ``probe`` rounds; the probe
   interval doubles while probes confirm the choice (the probing overhead falls to <1 %).
 * A probe whose own round says a larger budget beats the current choice is **followed up**:
-  the slot keeps running its largest candidate, round after round, while the mean of these
-  rounds says so (at most ``confirm_max`` rounds); after ``confirm_min`` of them their mean
-  replaces the stale EMAs, and the slot switches. One probe moves an EMA by ``alpha`` only,
-  so after a long stretch of weak drafts a budget that now earns 3x needed many probes, one
-  per new request or per probe interval (H200 §22: the slot at bs 1 stayed on no draft
-  through most of the branchy level: accept 3.71 served, where its tree accepted 3.14 a round
-  and a no-draft round counts 8; 278 tok/s where the tree's own rounds gave 367).
+  the slot keeps running its largest candidate, round after round, while the mean of the
+  rounds *after* that probe says so (at most ``confirm_max`` rounds). After ``confirm_min`` of
+  them their mean, shrunk toward the EMAs the follow-up started from (weight
+  ``follow_prior`` rounds), replaces the stale EMAs if it beats the current choice, and the
+  slot switches. One probe moves an EMA by ``alpha`` only, so after a long stretch of weak
+  drafts a budget that now earns 3x needed many probes, one per new request or per probe
+  interval (H200 §22: the slot at bs 1 stayed on no draft through most of the branchy level:
+  accept 3.71 served, where its tree accepted 3.14 a round and a no-draft round counts 8; 278
+  tok/s where the tree's own rounds gave 367). The probe that opens a follow-up is not in the
+  mean, and the mean is shrunk, because a follow-up opens *because* a round was lucky: where
+  the two choices are close, the lucky round plus three average ones switched the slot to a
+  tree that then lost until its EMA decayed (H200 §25, bs 8 on branchy: budget 31 earned 2.1
+  a round in 9.8 ms, no draft 8 in 32.4; 12 switches in ~450 rounds, 0.80 x DFLASH).
 * The EMAs move by ``alpha`` = 0.05 a round: one round's accept length at bs 1 is noisy (a
   geometric number of drafts), and at 0.2 a few bad rounds made a paying tree fall back
   (simulated in tests/overlay/test_policy.py: half the rounds without a draft).
@@ -50,6 +56,9 @@ LADDER = (3, 7, 15, 31, 63, 127, 255, 511, 1023)
 # (H200, 8B-shaped Qwen3: docs/ddtree.md "Choosing the budget N").
 AUTO_TOKEN_CAP = 512
 AUTO_MAX_BS = 1024
+# Runs of one budget a slot keeps for its summary ("0x37 31x4 0x20": what it ran, in order), so
+# a server's policy_state shows how it moved between budgets, not only how often.
+RUNS_KEPT = 24
 
 
 class PolicyError(ValueError):
@@ -229,13 +238,13 @@ class Slot:
     probe_every: int = 0
     switches: int = 0
     confirm_rounds: int = 0  # rounds probed in a row while confirming (capped at confirm_max)
-    streak: dict[int, float] = field(default_factory=dict)  # accept sums of the follow-up
+    confirming: bool = False  # a follow-up is open: its rounds so far say a larger budget wins
+    prior: dict[int, float] = field(default_factory=dict)  # accept EMAs when it opened
+    streak: dict[int, float] = field(default_factory=dict)  # accept sums of its rounds
     streak_rounds: int = 0
-
-    @property
-    def confirming(self) -> bool:
-        """A follow-up is on: its rounds so far say a larger budget wins, so probe again."""
-        return self.streak_rounds > 0
+    follow_ups: dict[str, int] = field(
+        default_factory=lambda: {"opened": 0, "adopted": 0, "ended": 0, "capped": 0})
+    runs: list[list[int]] = field(default_factory=list)  # recent [budget, rounds] runs
 
 
 @dataclass(frozen=True)
@@ -267,6 +276,7 @@ class AdaptivePolicy:
         nodraft_tokens: int = 1,
         confirm_max: int = 16,
         confirm_min: int = 4,
+        follow_prior: float = 4.0,
     ):
         self.schedule = schedule
         # tokens a no-draft round commits per request (its decode steps: the worker's
@@ -281,6 +291,7 @@ class AdaptivePolicy:
         self.fresh_gap = fresh_gap
         self.confirm_max = confirm_max
         self.confirm_min = confirm_min
+        self.follow_prior = follow_prior
         self.slots: dict[int, Slot] = {}
         self._cost_seen: dict[tuple[int, int], int] = {}
 
@@ -308,10 +319,12 @@ class AdaptivePolicy:
                 return Choice(n, probe=False)
         due = s.since_probe >= s.probe_every or (
             fresh >= self.fresh_probe and s.since_probe >= self.fresh_gap)
-        confirm = s.confirming and s.confirm_rounds < self.confirm_max
-        if s.current != top and (due or confirm):
-            # a regular probe may start a new follow-up; a follow-up probe counts toward its cap
-            s.confirm_rounds = 0 if due else s.confirm_rounds + 1
+        if s.confirming and s.confirm_rounds >= self.confirm_max:
+            s.follow_ups["capped"] += 1  # no adoption within the cap: the evidence is marginal
+            self._end_follow_up(s)
+        if s.current != top and (due or s.confirming):
+            # a regular probe may open a follow-up; a follow-up probe counts toward its cap
+            s.confirm_rounds = s.confirm_rounds + 1 if s.confirming else 0
             s.since_probe = 0
             return Choice(top, probe=True)
         s.since_probe += 1
@@ -339,6 +352,13 @@ class AdaptivePolicy:
         """
         s = self.slot(padded_bs)
         s.rounds += 1
+        if s.runs and s.runs[-1][0] == ran:
+            s.runs[-1][1] += 1
+        else:
+            s.runs.append([ran, 1])
+            del s.runs[:-RUNS_KEPT]
+        if ran == s.candidates[-1] and s.current != ran and not s.confirming:
+            s.prior = dict(s.accept)  # before this round: a follow-up it opens shrinks to it
         a = self.alpha
         for n, v in accept_by_budget.items():
             if n in s.candidates and n > 0:
@@ -370,27 +390,47 @@ class AdaptivePolicy:
 
     @staticmethod
     def _end_follow_up(s: Slot) -> None:
-        s.confirm_rounds, s.streak, s.streak_rounds = 0, {}, 0
+        s.confirming, s.confirm_rounds, s.streak, s.streak_rounds = False, 0, {}, 0
+
+    def _best_rate(self, s: Slot, accept: dict[int, float]) -> float:
+        """Tokens per ms of the best drafting candidate under ``accept`` at the measured costs."""
+        return max((v / s.cost[n] for n, v in accept.items()
+                    if n in s.candidates and n > 0 and s.cost.get(n, 0) > 0), default=-math.inf)
 
     def _follow_up(self, s: Slot, accept_by_budget: dict[int, float]) -> None:
-        """After a top-budget round while another budget is current: keep probing while the
-        mean accept lengths of the follow-up's rounds (at the measured costs) beat the current
-        choice; after ``confirm_min`` rounds that mean replaces the EMAs."""
+        """After a top-budget round while another budget is current. A round that says a
+        larger budget wins opens a follow-up (it is not counted: it was chosen for its luck);
+        the follow-up keeps probing while the mean of its own rounds beats the current choice;
+        from ``confirm_min`` rounds on, that mean shrunk toward the EMAs it started from
+        (``follow_prior`` rounds of weight) replaces the EMAs once it beats the current
+        choice, and the slot switches."""
         cur_v = self.value(s, s.current)
+        bar = cur_v * (1 + self.hysteresis)
+        if cur_v == -math.inf:
+            self._end_follow_up(s)
+            return
+        if not s.confirming:
+            if self._best_rate(s, accept_by_budget) > bar:
+                s.confirming = True
+                s.follow_ups["opened"] += 1
+            return
         for n, v in accept_by_budget.items():
             s.streak[n] = s.streak.get(n, 0.0) + v
         s.streak_rounds += 1
-        sample = max((v / s.streak_rounds / s.cost[n] for n, v in s.streak.items()
-                      if n in s.candidates and n > 0 and s.cost.get(n, 0) > 0), default=-math.inf)
-        if cur_v == -math.inf or sample <= cur_v * (1 + self.hysteresis):
+        k = s.streak_rounds
+        if self._best_rate(s, {n: v / k for n, v in s.streak.items()}) <= bar:
+            s.follow_ups["ended"] += 1
             self._end_follow_up(s)
             return
-        if s.streak_rounds >= self.confirm_min:
-            # the EMAs above the current budget are stale (only probes update them); the
-            # follow-up's own rounds are the fresh estimate: adopt it, so the slot switches
-            for n, v in s.streak.items():
-                if n in s.candidates and n > 0:
-                    s.accept[n] = v / s.streak_rounds
+        if k >= self.confirm_min:
+            w = self.follow_prior
+            shrunk = {n: (w * s.prior.get(n, v / k) + v) / (w + k) for n, v in s.streak.items()
+                      if n in s.candidates and n > 0}
+            if self._best_rate(s, shrunk) > bar:
+                # the EMAs above the current budget are stale (only probes update them); the
+                # follow-up's own rounds are the fresh estimate: adopt it, so the slot switches
+                s.accept.update(shrunk)
+                s.follow_ups["adopted"] += 1
 
     def summary(self) -> dict[str, dict]:
         """Per padded batch size: current budget, EMAs, rounds (for logs and ``check --url``)."""
@@ -402,6 +442,8 @@ class AdaptivePolicy:
                 "cost_ms": {str(n): round(v, 3) for n, v in sorted(s.cost.items())},
                 "rounds": s.rounds,
                 "switches": s.switches,
+                "follow_ups": dict(s.follow_ups),
+                "recent": " ".join(f"{n}x{c}" for n, c in s.runs),
             }
             for bs, s in sorted(self.slots.items())
         }
