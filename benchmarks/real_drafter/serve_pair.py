@@ -19,7 +19,9 @@ the host by ``benchmarks/trace_summary.py`` to a per-step table and then deleted
 mode's no-draft round as K decode steps: ``SGLANG_DFLASH_DDTREE_NODRAFT_STEPS=K``), ``+tree``
 (an adaptive mode whose schedule is N alone, ``ddtree.policy = "adaptive:1:<N>"``: every round a
 tree of N with the policy's meter and choice running, so a profile sets its cost against the
-fixed policy's on dummy weights, where the default schedule would fall back to no draft).
+fixed policy's on dummy weights, where the default schedule would fall back to no draft),
+``+bound`` (a DDTree mode whose rounds plan from the reserved bound, so SGLang stops copying
+each round's lengths to the host: ``SGLANG_DFLASH_DDTREE_HOST_LENS=bound``).
 
 Per mode: ready time, ``check --url``, the first ``--greedy-prompts`` held-out prompts one at a
 time (output ids, SGLang's per-request spec_accept_length / verify_ct / histogram), the same
@@ -56,9 +58,12 @@ DETERMINISTIC = "--enable-deterministic-inference"
 MODIFIERS = {"no-overlap": "--disable-overlap-schedule"}
 # ``+tree``: an adaptive mode's schedule is its budget N alone (the policy runs, never falls back)
 TREE_MODIFIER = "tree"
+# ``+bound``: a DDTree mode's plans read the reserved bound; SGLang skips its per-round copy
+BOUND_MODIFIER = "bound"
 # ``+k<K>``: the server's no-draft round as K decode steps (the overlay's setting; a DDTree mode)
 STEPS_MODIFIER = re.compile(r"k([0-9]+)")
-MODIFIER_NAMES = (*("+" + k for k in MODIFIERS), "+" + TREE_MODIFIER, "+k<K>")
+MODIFIER_NAMES = (*("+" + k for k in MODIFIERS), "+" + TREE_MODIFIER, "+" + BOUND_MODIFIER,
+                  "+k<K>")
 
 
 def _modifier_env(mod: str, head: str, mode: str) -> dict[str, str]:
@@ -70,6 +75,11 @@ def _modifier_env(mod: str, head: str, mode: str) -> dict[str, str]:
         if not head.startswith("adaptive:"):
             raise ValueError(f"+{mod} needs an adaptive mode (adaptive:<N>), not {head!r}")
         return {}
+    if mod == BOUND_MODIFIER:
+        if not head.startswith(("ddtree:", "adaptive:")):
+            raise ValueError(f"+{mod} needs a DDTree mode (ddtree:<N> or adaptive:<N>), "
+                             f"not {head!r}")
+        return {overlay_settings.HOST_LENS_ENV: "bound"}
     hit = STEPS_MODIFIER.fullmatch(mod)
     if hit is None:
         raise ValueError(f"unknown modifier +{mod} in {mode!r}: " + ", ".join(MODIFIER_NAMES))

@@ -105,6 +105,16 @@ def test_evaluate_policy_pass_fail_skip():
         "fast_plan": "check", "fast_plan_checks": {"rounds": 40, "violations": 3}}), AUTO16)
     assert broke.status == "FAIL" and "in 3 of 40 rounds" in broke.found
     assert "SGLANG_DFLASH_DDTREE_FAST_PLAN=0" in broke.fix
+    bound = live.evaluate_ddtree_policy(_info(state | {"fast_plan": "on", "host_lens": "bound"}),
+                                        AUTO16)
+    assert "(budget 16, sync-free plan on, host lengths from the reserved bound);" in bound.found
+    assert live.evaluate_ddtree_policy(_info(state | {"fast_plan": "on", "host_lens": "sync"}),
+                                       AUTO16).found == on.found
+    broke_bound = live.evaluate_ddtree_policy(_info(state | {
+        "fast_plan": "check", "host_lens": "bound",
+        "fast_plan_checks": {"rounds": 40, "violations": 1}}), AUTO16)
+    assert broke_bound.status == "FAIL"
+    assert "SGLANG_DFLASH_DDTREE_HOST_LENS=sync" in broke_bound.fix
 
 
 def test_check_url_reports_the_running_policy(tmp_path: Path, standin_server) -> None:

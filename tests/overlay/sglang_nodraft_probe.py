@@ -43,7 +43,8 @@ def main() -> dict:
     def verify_stage(batch, draft_input, tree, step, bs, width, prof, ranges):
         tok, pos = tree.tokens.view(bs), tree.positions.view(bs)
         calls.append({"width": width, "seq_lens": batch.seq_lens.tolist(),
-                      "seq_lens_cpu": batch.seq_lens_cpu.tolist(),
+                      "seq_lens_cpu": (None if batch.seq_lens_cpu is None
+                                       else batch.seq_lens_cpu.tolist()),
                       "seq_lens_sum": batch.seq_lens_sum, "tokens": tok.tolist(),
                       "positions": pos.tolist(), "slots": step.cache_loc_2d.reshape(-1).tolist()})
         nxt = (tok * 7 + pos) % vocab
@@ -72,7 +73,19 @@ def main() -> dict:
     res = w._nodraft_round(batch, SimpleNamespace(bonus_tokens=torch.tensor([3, 11])),
                            publish, W.stage_ranges(), 2, 2)
     app = appended[0]
+    # SGLANG_DFLASH_DDTREE_HOST_LENS=bound: SGLang gives no host lengths; the steps keep none
+    # (each verify plans from the reserved bound) and the batch comes back as it was
+    first, n_appended = len(calls), len(appended)
+    bare = SimpleNamespace(seq_lens=prefix, seq_lens_cpu=None, seq_lens_sum=None,
+                           sampling_info=None)
+    w._nodraft_round(bare, SimpleNamespace(bonus_tokens=torch.tensor([3, 11])), None,
+                     W.stage_ranges(), 2, 2)
+    bare_calls = calls[first:]
+    del calls[first:]
     return {
+        "bare_steps": [(c["seq_lens"], c["seq_lens_cpu"], c["seq_lens_sum"]) for c in bare_calls],
+        "bare_restored": bare.seq_lens is prefix and bare.seq_lens_cpu is None
+        and bare.seq_lens_sum is None,
         "calls": calls,
         "next_token_ids": res.next_token_ids.view(2, block).tolist(),
         "accept_lens": res.accept_lens.tolist(),
@@ -82,7 +95,7 @@ def main() -> dict:
         "steps_before_publish": steps_before_publish,
         "next_draft_input": res.next_draft_input,
         "stride": res.speculative_num_draft_tokens,
-        "appended": len(appended),
+        "appended": n_appended,
         "append_rows": app["target_hidden"].tolist(),
         "append_loc": app["cache_loc"].tolist(),
         "append_loc_2d": app["cache_loc_2d"].tolist(),

@@ -73,3 +73,11 @@ def test_the_round_publishes_its_lengths_before_its_first_step(probe):
     round's start on the GPU, not its end, and the host runs a round ahead (§23)."""
     assert probe["steps_before_publish"] == [0]
     assert probe["published"] == [[5 + STEPS, 9 + STEPS]]
+
+
+def test_without_host_lengths_the_steps_keep_none(probe):
+    """SGLANG_DFLASH_DDTREE_HOST_LENS=bound: SGLang gives the round no host lengths; each step
+    leaves them unset (its verify plans from the reserved bound) and the batch is restored."""
+    assert probe["bare_steps"] == [[[5 + j, 9 + j], None, None] for j in range(STEPS)]
+    assert probe["bare_restored"]
+

@@ -176,7 +176,19 @@ def test_gathered_rows_and_linear_positions_match_the_compacted_kv_layout():
         assert rows.view(bs, depth1, 4)[b, :n, 0].tolist() == [float(x) for x in want]
     pos = v.linear_positions(seq, depth1)
     assert pos.tolist() == [[int(s) + j for j in range(depth1)] for s in seq]
-    assert v.host_seq_lens_bound(torch.tensor([3, 4], dtype=torch.int32), 5).tolist() == [8, 9]
+
+
+def test_plan_bound_takes_host_lengths_then_the_reservation():
+    """The bound a forward's FlashInfer plan reads: SGLang's host prefix lengths + the width;
+    without them (HOST_LENS=bound) the reserved lengths as they are; else None (read back)."""
+    host = torch.tensor([3, 4], dtype=torch.int32)
+    reserved = torch.tensor([40, 41], dtype=torch.int64)
+    bound, total = v.plan_bound(host, reserved, 81, 5)
+    assert bound.tolist() == [8, 9] and total == 17 and bound.dtype == torch.int64
+    bound, total = v.plan_bound(None, reserved, 81, 5)
+    assert bound is reserved and total == 81
+    assert v.plan_bound(None, reserved, None, 5)[1] == 81  # the sum from the lengths
+    assert v.plan_bound(None, None, None, 5) is None
 
 
 def test_per_node_targets_greedy_rows_and_filters():

@@ -205,12 +205,16 @@ def evaluate_ddtree_policy(info: dict, expected: str | None) -> Result:
     plan = f", sync-free plan {fast}" if fast in ("on", "check") else ""
     if checks:
         plan += f" ({checks.get('rounds', 0)} rounds checked)"
+    if state.get("host_lens") == "bound":
+        plan += ", host lengths from the reserved bound"
     if checks.get("violations"):
         return failed(LAYER, "ddtree_policy", f"policy {policy}: the sync-free plan's host bound "
                       f"was below the device prefix in {checks['violations']} of "
                       f"{checks.get('rounds', 0)} rounds (outputs may differ)",
-                      f"set {settings.FAST_PLAN_ENV}=0 for this server and report the server log's "
-                      "'fast plan host bound' lines")
+                      (f"set {settings.HOST_LENS_ENV}=sync for this server (the bound came from "
+                       "the reserved lengths)" if state.get("host_lens") == "bound" else
+                       f"set {settings.FAST_PLAN_ENV}=0 for this server")
+                      + " and report the server log's 'fast plan host bound' lines")
     return passed(LAYER, "ddtree_policy", f"policy {policy} (budget {state.get('budget')}"
                   f"{fallback}{plan}){learnt}")
 

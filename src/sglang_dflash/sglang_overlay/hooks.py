@@ -81,6 +81,7 @@ def handle_dflash(original, server_args):
     settings.policy_from_env(budget)  # a bad policy fails here, in the launcher
     settings.nodraft_steps_from_env(1)  # and a bad no-draft step count
     settings.fast_plan_from_env()  # and a bad fast-plan switch
+    settings.host_lens_from_env()  # and a bad host-lengths switch
     plant_path = os.environ.get(settings.PLANT_ENV, "").strip()
     if plant_path:
         from sglang_dflash.sglang_overlay.diagnostics.plant import load_plant

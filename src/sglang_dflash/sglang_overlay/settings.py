@@ -23,6 +23,10 @@ IMPL_ENV = "SGLANG_DFLASH_DDTREE_IMPL"
 NODRAFT_STEPS_ENV = "SGLANG_DFLASH_DDTREE_NODRAFT_STEPS"
 # ``1``: the no-draft (width-1) verify graphs plan FlashInfer without a host sync (fast_plan.py).
 FAST_PLAN_ENV = "SGLANG_DFLASH_DDTREE_FAST_PLAN"
+# ``bound``: SGLang does not copy each round's published lengths to the host before scheduling
+# the next round (FutureMap.resolve_seq_lens_cpu, a host sync); the round's plans read the
+# reserved bound instead (worker.spec_v2_attn_backends).
+HOST_LENS_ENV = "SGLANG_DFLASH_DDTREE_HOST_LENS"
 # ``1``: a tree verify's attention split in two: FlashInfer without a mask over the prefix, the
 # tree block (W x W) in one Triton launch (ddtree/tree_attn_triton.py, hooks.split_verify).
 SPLIT_VERIFY_ENV = "SGLANG_DFLASH_DDTREE_SPLIT_VERIFY"
@@ -147,6 +151,8 @@ def parse_nodraft_steps(raw: str | None) -> int:
 # cheaper
 FAST_PLAN_MODES = {"": "on", "0": "off", "1": "on", "check": "check"}
 SPLIT_VERIFY_MODES = {"": False, "0": False, "1": True}
+# off by default until it has run on a GPU (docs/ddtree.md, "What a tree round still costs")
+HOST_LENS_MODES = {"": "sync", "sync": "sync", "bound": "bound"}
 
 
 def _parse_switch(raw: str | None, name: str, modes: dict, expected: str):
@@ -170,6 +176,21 @@ def parse_fast_plan(raw: str | None) -> str:
 def fast_plan_from_env(environ: Mapping[str, str] | None = None) -> str:
     env = os.environ if environ is None else environ
     return parse_fast_plan(env.get(FAST_PLAN_ENV))
+
+
+def parse_host_lens(raw: str | None) -> str:
+    """``SGLANG_DFLASH_DDTREE_HOST_LENS``: ``sync`` or unset (the default: SGLang copies every
+    round's published lengths to the host and waits for them before it schedules the next
+    round), ``bound`` (no copy: each plan of the round reads the reserved upper bound SGLang
+    keeps on the host, so the host can build the next round while the GPU runs this one);
+    else a one-line error."""
+    return _parse_switch(raw, HOST_LENS_ENV, HOST_LENS_MODES,
+                         "sync (the default) or bound (no per-round copy of the lengths)")
+
+
+def host_lens_from_env(environ: Mapping[str, str] | None = None) -> str:
+    env = os.environ if environ is None else environ
+    return parse_host_lens(env.get(HOST_LENS_ENV))
 
 
 def parse_split_verify(raw: str | None) -> bool:

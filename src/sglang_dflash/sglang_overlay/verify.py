@@ -209,9 +209,22 @@ def linear_positions(prefix_lens: torch.Tensor, width: int) -> torch.Tensor:
     return prefix_lens.long().view(-1, 1) + j.view(1, -1)
 
 
-def host_seq_lens_bound(seq_lens_cpu: torch.Tensor, step_growth: int) -> torch.Tensor:
-    """Host-side upper bound of the device prefix lengths (CPU metadata lags one step)."""
-    return seq_lens_cpu.to(torch.int64) + int(step_growth)
+def plan_bound(seq_lens_cpu: torch.Tensor | None, reserved_cpu: torch.Tensor | None,
+               reserved_sum: int | None, width: int) -> tuple[torch.Tensor, int] | None:
+    """The host bound of a forward's kv lengths that its FlashInfer plan reads, and its sum,
+    without a sync: SGLang's host prefix lengths + the forward's ``width``; without them
+    (``SGLANG_DFLASH_DDTREE_HOST_LENS=bound``: SGLang no longer copies them each round) the
+    reserved lengths SGLang keeps on the host as they are (committed + 2 x (N+1), past any
+    forward of the round, as SGLang's own DFLASH draft plans them); else None (the caller
+    reads the device lengths back: a sync). A bound above the real length only plans work
+    that finds nothing (fast_plan.py); one below would cut attention short."""
+    if seq_lens_cpu is not None:
+        bound = seq_lens_cpu.to(torch.int64) + int(width)
+        return bound, int(bound.sum())
+    if reserved_cpu is not None:
+        total = int(reserved_sum) if reserved_sum is not None else int(reserved_cpu.sum())
+        return reserved_cpu, total
+    return None
 
 
 def node_rows(t: torch.Tensor, bs: int, width: int, device) -> torch.Tensor:

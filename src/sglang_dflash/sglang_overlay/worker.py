@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import time
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
@@ -68,6 +69,7 @@ from sglang_dflash.sglang_overlay.verify import (
     gather_accepted_rows,
     greedy_accept,
     per_node_targets,
+    plan_bound,
     seeded_node_targets,
     use_fused_renorm,
     verify_slots,
@@ -227,6 +229,16 @@ class DDTreeVerifyInput(DFlashVerifyInput):
         return -1
 
 
+@dataclass(frozen=True)
+class PlansFromBound:
+    """An attention backend as SGLang's ``decide_needs_cpu_seq_lens`` reads it (the one field
+    it reads) when every plan of a DDTree round comes from a host bound the round sets itself
+    (``SGLANG_DFLASH_DDTREE_HOST_LENS=bound``)."""
+
+    backend: Any
+    needs_cpu_seq_lens: bool = False
+
+
 class DDTreeWorkerV2(DFlashWorkerV2):
     """DFlash spec-v2 worker in DDTree mode (``SGLANG_DFLASH_DDTREE_BUDGET`` set)."""
 
@@ -274,6 +286,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._nodraft_steps = settings.nodraft_steps_from_env(self.ddtree.draft_width)
         self._fast_plan = settings.fast_plan_from_env()  # "off" | "on" | "check"
         self._split_verify = settings.split_verify_from_env()
+        self._host_lens = settings.host_lens_from_env()  # "sync" | "bound"
         self._plan_checks = self._plan_violations = 0  # rounds checked, bounds below the device
         if self._policy_spec.adaptive:
             self._policy = policy_mod.AdaptivePolicy(self._policy_spec.schedule,
@@ -472,6 +485,22 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         )
         return self._topk_head
 
+    @property
+    def spec_v2_attn_backends(self) -> tuple:
+        """The attention backends SGLang ORs into ``needs_cpu_seq_lens`` once, at start-up.
+        FlashInfer's says yes, so before each round the scheduler copies the lengths the last
+        round published to the host and waits for them (``FutureMap.resolve_seq_lens_cpu``):
+        a tree round publishes after its accept, so the host cannot build the next round
+        while the GPU runs this one (H200 §25: 5.0 ms of that wait a step at bs 8, the GPU
+        idle 65 % of a tree round). Every plan a DDTree round makes reads a host bound it sets
+        itself, and falls back to the reserved lengths SGLang keeps on the host when it gives
+        none (``_verify_inputs``, ``_draft_topk``; ``fast_plan.bound_violation`` checks that
+        bound under ``FAST_PLAN=check``). With ``HOST_LENS=bound`` the round says so."""
+        backends = super().spec_v2_attn_backends
+        if getattr(self, "_host_lens", "sync") != "bound":
+            return backends
+        return tuple(PlansFromBound(b) for b in backends)
+
     def init_cuda_graphs(self):
         # DFlash's init appends a capture hook for whatever _maybe_build_draft_sampler returns;
         # ours returns the top-K head, and its greedy `out` buffer is never read here.
@@ -487,6 +516,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                     self._install_fast_plan(backend, f"verify at width {n + 1}")
             if is_cuda() and any(n > 0 for n in self._targets):
                 fast_plan.warm_up_pack(self.device)
+        if self._host_lens == "bound" and self.ps.tp_rank == 0:
+            logger.info("DDTree host lengths: bound (SGLang does not copy each round's lengths "
+                        "to the host; every plan reads the reserved bound).")
 
     def _init_budget_targets(self):
         """One target attention backend + verify CUDA graphs per candidate budget.
@@ -616,7 +648,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
     def policy_summary(self) -> dict:
         """The policy and what each batch size has learnt (logged; read by diagnostics)."""
         out = {"policy": self._policy_spec.describe(), "budget": self.ddtree.budget,
-               "fast_plan": self._fast_plan}
+               "fast_plan": self._fast_plan, "host_lens": getattr(self, "_host_lens", "sync")}
         if self._fast_plan == "check":
             out["fast_plan_checks"] = {"rounds": self._plan_checks,
                                        "violations": self._plan_violations}
@@ -697,16 +729,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         block_ids, positions_2d, cache_loc_2d = self._prepare_draft_block(batch, draft_input, bs)
         noise = target_model.get_input_embeddings()(block_ids)
         seq_lens_cpu = self._draft_seq_lens_cpu_buf[:bs]
-        if batch.seq_lens_cpu is not None:
-            seq_lens_cpu.copy_(batch.seq_lens_cpu)
-            seq_lens_cpu.add_(self.block_size)
-            seq_lens_sum = int(seq_lens_cpu.sum())
-        elif draft_input.reserved_seq_lens_cpu is not None:
-            seq_lens_cpu.copy_(draft_input.reserved_seq_lens_cpu)
-            seq_lens_sum = int(draft_input.reserved_seq_lens_sum)
-        else:
-            seq_lens_cpu.copy_(batch.seq_lens.to("cpu", dtype=torch.int32))
-            seq_lens_sum = int(batch.seq_lens.sum().item())
+        bound = self._plan_bound(batch, draft_input, self.block_size)
+        seq_lens_cpu.copy_(bound[0])
+        seq_lens_sum = bound[1]
         fb = ForwardBatch(
             forward_mode=ForwardMode.TARGET_VERIFY,
             batch_size=bs,
@@ -979,6 +1004,16 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 )
         return target_out, vt
 
+    @staticmethod
+    def _plan_bound(batch, draft_input, width: int) -> tuple[torch.Tensor, int]:
+        """``verify.plan_bound`` for a forward of ``width`` over this batch; with no host
+        lengths at all, the device lengths read back (one sync), so every plan has a bound."""
+        got = plan_bound(batch.seq_lens_cpu, getattr(draft_input, "reserved_seq_lens_cpu", None),
+                         getattr(draft_input, "reserved_seq_lens_sum", None), width)
+        if got is None:
+            got = plan_bound(batch.seq_lens.to("cpu", torch.int64), None, None, width)
+        return got
+
     def _verify_inputs(self, batch, draft_input, tree, drafted: _Drafted, bs: int, width: int):
         """(the verify ForwardBatch, the verify tensors): slots, tree mask, positions.
 
@@ -1000,19 +1035,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 device=self.device,
             )
         seq_lens_cpu_backup, seq_lens_sum_backup = batch.seq_lens_cpu, batch.seq_lens_sum
-        # Host bound of the device prefixes: committed (lagging one step) + one round's growth.
-        if seq_lens_cpu_backup is not None:
-            bound = seq_lens_cpu_backup + width
-            host_sum = int(bound.sum())
-            batch.seq_lens_cpu, batch.seq_lens_sum = bound, host_sum
-        elif draft_input.reserved_seq_lens_cpu is not None:
-            batch.seq_lens_cpu = draft_input.reserved_seq_lens_cpu
-            host_sum = int(draft_input.reserved_seq_lens_sum)
-            batch.seq_lens_sum = host_sum
-        else:  # no host lengths at all: read them (one sync), so every plan has them
-            bound = prefix_lens.to("cpu", torch.int64) + width
-            host_sum = int(bound.sum())
-            batch.seq_lens_cpu, batch.seq_lens_sum = bound, host_sum
+        batch.seq_lens_cpu, host_sum = self._plan_bound(batch, draft_input, width)
+        batch.seq_lens_sum = host_sum
         # Every prefix is below the context length, so cap the mask there: the Triton backend
         # copies it into a buffer sized max_bs * W * (context_len + W).
         mask_sum = min(host_sum, bs * int(self.model_runner.model_config.context_len))
