@@ -1,48 +1,95 @@
 #!/usr/bin/env bash
 # Runs ON the GPU host: keep the JIT caches between leases, so a fresh machine's first server
-# start does not rebuild them (FlashInfer's attention/sampling modules: 170-315 s of a 30-min
-# device budget; the caches are ~50 MB: flashinfer 25 MB, triton 9-12 MB, tvm-ffi 12 MB).
+# start does not rebuild them. On the H200 a fresh machine's first server takes ~260 s to be
+# ready where a later one takes 60-110 s: ~100 s more capturing its CUDA graphs and ~95 s more
+# on its first request (docs/gpu-results.md §25). Restoring FlashInfer's, Triton's and
+# tvm-ffi's caches alone did not shorten it (259 s with them, 261 s without), so `save` now
+# also keeps TorchInductor's cache (SGLang compiles a few helpers with torch.compile) and
+# CUDA's PTX cache (~/.nv/ComputeCache), and prints the size of every candidate, kept or not.
 #
 #   gpu_jit_cache.sh save <out-dir>       tar the caches into <out-dir>/jit-cache.tgz (+ .sha256)
-#   gpu_jit_cache.sh restore <tgz>        unpack them into $HOME (checksum first)
+#   gpu_jit_cache.sh restore <tgz>        unpack them (checksum first)
 #
-# `save` keeps FlashInfer's cache alone when all together exceed 16 MiB (the largest file a
-# device call brings back) and refuses when even that does. Entries
-# are relative to $HOME; FlashInfer keys its cache by its version and the GPU arch
-# (.cache/flashinfer/<version>/<arch>/), so a restored cache of another version is simply unused.
-# Every failure is one line on stderr and a non-zero exit (1: bad/missing data, 2: usage).
+# Caches are taken in priority order while the archive stays within 16 MiB (the largest file
+# a device call brings back); the ones that do not fit are named on stderr, and `save` refuses
+# when not even the first fits. Entries are relative to $HOME; TorchInductor's cache
+# ($TORCHINDUCTOR_CACHE_DIR, else /tmp/torchinductor_<user>) travels as .cache/torchinductor
+# and goes back to where torch looks for it. FlashInfer keys its cache by its version and the
+# GPU arch (.cache/flashinfer/<version>/<arch>/), so a restored cache of another version is
+# simply unused. Every failure is one line on stderr and a non-zero exit (1: bad/missing data,
+# 2: usage).
 set -euo pipefail
 
 die() { echo "gpu_jit_cache: $2" >&2; exit "$1"; }
 
-CACHES=(.cache/flashinfer .triton .cache/tvm-ffi)
+# priority order: FlashInfer's modules (minutes to build), their tvm-ffi loaders, Triton's
+# kernels, TorchInductor's compiled helpers, CUDA's PTX-to-SASS cache
+CACHES=(.cache/flashinfer .cache/tvm-ffi .triton .cache/torchinductor .nv/ComputeCache)
+INDUCTOR=.cache/torchinductor
 LIMIT=$((16 * 1024 * 1024))
 
 [ $# -eq 2 ] || die 2 "usage: gpu_jit_cache.sh save <out-dir> | restore <jit-cache.tgz>"
 home=${HOME:?HOME is not set}
+inductor_dir=${TORCHINDUCTOR_CACHE_DIR:-/tmp/torchinductor_$(id -un)}
+
+# where a cache lives on this host: $HOME/<entry>, except TorchInductor's
+src_of() { if [ "$1" = "$INDUCTOR" ]; then echo "$inductor_dir"; else echo "$home/$1"; fi; }
+
+# tar the given entries (relative to $HOME; TorchInductor's renamed into it) into $1
+pack() {
+    local tgz=$1 args=()
+    shift
+    for c in "$@"; do
+        if [ "$c" = "$INDUCTOR" ]; then
+            args+=(-C "$(dirname "$inductor_dir")"
+                   --transform "s,^$(basename "$inductor_dir"),$INDUCTOR,"
+                   "$(basename "$inductor_dir")")
+        else
+            args+=(-C "$home" "$c")
+        fi
+    done
+    tar czf "$tgz" "${args[@]}"
+}
 
 case "$1" in
 save)
     out=${2%/}
     [ -d "$out" ] || die 2 "$out: not a directory"
+    sizes=()
     present=()
-    for c in "${CACHES[@]}"; do [ -d "$home/$c" ] && present+=("$c"); done
+    for c in "${CACHES[@]}"; do
+        d=$(src_of "$c")
+        if [ -d "$d" ]; then
+            present+=("$c")
+            sizes+=("$c $(du -sk "$d" | cut -f1) KiB")
+        else
+            sizes+=("$c absent")
+        fi
+    done
+    echo "gpu_jit_cache: candidates: $(IFS=,; echo "${sizes[*]}" | sed 's/,/, /g')"
     [ ${#present[@]} -gt 0 ] || die 1 "no JIT cache under $home (${CACHES[*]}): nothing to save"
-    tar czf "$out/jit-cache.tgz" -C "$home" "${present[@]}"
-    size=$(stat -c %s "$out/jit-cache.tgz")
-    if [ "$size" -gt "$LIMIT" ] && [ -d "$home/${CACHES[0]}" ] && [ ${#present[@]} -gt 1 ]; then
-        # too big together: FlashInfer's alone is the one worth minutes
-        echo "gpu_jit_cache: all caches are $((size / 1048576)) MiB; keeping ${CACHES[0]} only" >&2
-        present=("${CACHES[0]}")
-        tar czf "$out/jit-cache.tgz" -C "$home" "${present[@]}"
-        size=$(stat -c %s "$out/jit-cache.tgz")
-    fi
-    if [ "$size" -gt "$LIMIT" ]; then
+    kept=()
+    left=()
+    for c in "${present[@]}"; do
+        pack "$out/jit-cache.tgz.try" "${kept[@]}" "$c"
+        if [ "$(stat -c %s "$out/jit-cache.tgz.try")" -le "$LIMIT" ]; then
+            kept+=("$c")
+            mv "$out/jit-cache.tgz.try" "$out/jit-cache.tgz"
+        else
+            left+=("$c")
+        fi
+    done
+    rm -f "$out/jit-cache.tgz.try"
+    if [ ${#kept[@]} -eq 0 ]; then
         rm -f "$out/jit-cache.tgz"
-        die 1 "archive is $((size / 1048576)) MiB, over the 16 MiB a call brings back: save fewer caches"
+        die 1 "archive is over the 16 MiB a call brings back even with ${present[0]} alone"
     fi
+    if [ ${#left[@]} -gt 0 ]; then
+        echo "gpu_jit_cache: left out (over 16 MiB together): ${left[*]}" >&2
+    fi
+    size=$(stat -c %s "$out/jit-cache.tgz")
     (cd "$out" && sha256sum jit-cache.tgz > jit-cache.tgz.sha256)
-    echo "gpu_jit_cache: saved ${present[*]} -> $out/jit-cache.tgz ($((size / 1024)) KiB)"
+    echo "gpu_jit_cache: saved ${kept[*]} -> $out/jit-cache.tgz ($((size / 1024)) KiB)"
     ;;
 restore)
     tgz=$2
@@ -55,11 +102,16 @@ restore)
     while read -r entry; do
         case "$entry" in
         /* | *../*) die 1 "$tgz: unsafe entry '$entry'" ;;
-        .cache/flashinfer* | .triton* | .cache/tvm-ffi*) ;;
+        .cache/flashinfer* | .triton* | .cache/tvm-ffi* | .cache/torchinductor* | .nv/ComputeCache*) ;;
         *) die 1 "$tgz: entry '$entry' is not a JIT cache" ;;
         esac
     done < <(tar tzf "$tgz")
     tar xzf "$tgz" -C "$home"
+    if [ -d "$home/$INDUCTOR" ] && [ "$home/$INDUCTOR" != "$inductor_dir" ]; then
+        mkdir -p "$inductor_dir"
+        cp -a "$home/$INDUCTOR/." "$inductor_dir/"
+        rm -rf "${home:?}/$INDUCTOR"
+    fi
     echo "gpu_jit_cache: restored $(tar tzf "$tgz" | wc -l) entries into $home"
     ;;
 *) die 2 "unknown command '$1' (save | restore)" ;;

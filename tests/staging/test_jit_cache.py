@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import tarfile
 from pathlib import Path
@@ -13,8 +14,11 @@ from .helpers import REPO, load_stage
 SCRIPT = REPO / "scripts" / "gpu_jit_cache.sh"
 
 
-def run(home: Path, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HOME=str(home))
+def run(home: Path, *args: str, inductor: Path | None = None) -> subprocess.CompletedProcess:
+    """The script with ``home`` as $HOME and TorchInductor's cache at ``inductor`` (default: a
+    directory beside ``home`` that does not exist, never this machine's own /tmp one)."""
+    ind = inductor if inductor is not None else home.parent / f"{home.name}-no-inductor"
+    env = dict(os.environ, HOME=str(home), TORCHINDUCTOR_CACHE_DIR=str(ind))
     return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True,
                           env=env, timeout=60)
 
@@ -38,6 +42,8 @@ def test_save_then_restore_on_a_fresh_home(tmp_path):
     r = run(old, "save", str(out))
     assert r.returncode == 0, r.stderr
     assert "saved .cache/flashinfer .triton" in r.stdout  # tvm-ffi absent: skipped
+    assert ".cache/tvm-ffi absent" in r.stdout  # every candidate's size, kept or not
+    assert re.search(r"candidates: \.cache/flashinfer \d+ KiB", r.stdout)
     r = run(new, "restore", str(out / "jit-cache.tgz"))
     assert r.returncode == 0, r.stderr
     for rel, data in files.items():
@@ -98,7 +104,7 @@ def test_too_big_together_keeps_flashinfer_alone(tmp_path):
     big.write_bytes(os.urandom(17 * 1024 * 1024))
     r = run(home, "save", str(out))
     assert r.returncode == 0, r.stderr
-    assert "keeping .cache/flashinfer only" in r.stderr
+    assert "left out (over 16 MiB together): .triton" in r.stderr
     assert run(fresh, "restore", str(out / "jit-cache.tgz")).returncode == 0
     fi = ".cache/flashinfer/0.6.15.post1/90a/cached_ops/sampling/sampling.so"
     assert (fresh / fi).read_bytes() == files[fi]
@@ -146,3 +152,31 @@ def test_stage_calls_carry_and_restore_the_cache(tmp_path):
         assert "does not match" in str(e)
     else:
         raise AssertionError("a wrong checksum was accepted")
+
+
+def test_inductor_and_ptx_caches_travel_and_go_back_where_torch_looks(tmp_path):
+    """TorchInductor's cache lives outside $HOME (/tmp/torchinductor_<user>): it travels as
+    .cache/torchinductor and is put back at $TORCHINDUCTOR_CACHE_DIR; CUDA's PTX cache is
+    under $HOME (.nv/ComputeCache)."""
+    old, new, out = tmp_path / "old", tmp_path / "new", tmp_path / "out"
+    for d in (old, new, out):
+        d.mkdir()
+    fake_caches(old)
+    ind_old, ind_new = tmp_path / "ind-old", tmp_path / "ind-new"
+    (ind_old / "fxgraph" / "ab").mkdir(parents=True)
+    (ind_old / "fxgraph" / "ab" / "entry").write_bytes(b"graph" * 50)
+    (old / ".nv" / "ComputeCache" / "7").mkdir(parents=True)
+    (old / ".nv" / "ComputeCache" / "7" / "sass").write_bytes(b"sass" * 50)
+    r = run(old, "save", str(out), inductor=ind_old)
+    assert r.returncode == 0, r.stderr
+    assert "saved .cache/flashinfer .triton .cache/torchinductor .nv/ComputeCache" in r.stdout
+    with tarfile.open(out / "jit-cache.tgz") as tf:
+        names = tf.getnames()
+    assert ".cache/torchinductor/fxgraph/ab/entry" in names
+    assert not any("ind-old" in n for n in names)
+    r = run(new, "restore", str(out / "jit-cache.tgz"), inductor=ind_new)
+    assert r.returncode == 0, r.stderr
+    assert (ind_new / "fxgraph" / "ab" / "entry").read_bytes() == b"graph" * 50
+    assert not (new / ".cache" / "torchinductor").exists()
+    assert (new / ".nv" / "ComputeCache" / "7" / "sass").read_bytes() == b"sass" * 50
+
