@@ -489,3 +489,17 @@ def test_summary_shows_the_runs_and_follow_ups():
         pol.observe(1, 15, {15: 1.0}, 8.0)
         pol.observe(1, 0, {}, 30.0)
     assert len(pol.summary()["1"]["recent"].split()) == policy_mod.RUNS_KEPT
+
+
+def test_host_wall_time_is_reported_beside_the_meter_and_not_used():
+    pol = AdaptivePolicy(parse_schedule("1:0,15", 15), nodraft_tokens=8)
+    for _ in range(5):
+        pol.observe(1, 15, {15: 1.0}, 8.0)
+    current = pol.slot(1).current
+    pol.observe_wall(1, 15, 10.0)
+    pol.observe_wall(1, 15, 12.0)  # EMA at alpha 0.05
+    pol.observe_wall(1, 15, 500.0)  # a pause (> 3 x 10.1 + 50): no sample
+    pol.observe_wall(1, 15, 0.0)  # nonsense: no sample
+    one = pol.summary()["1"]
+    assert one["wall_ms"] == {"15": 10.1} and one["cost_ms"] == {"15": 8.0}
+    assert pol.slot(1).current == current  # the decision reads the meter only

@@ -245,6 +245,7 @@ class Slot:
     follow_ups: dict[str, int] = field(
         default_factory=lambda: {"opened": 0, "adopted": 0, "ended": 0, "capped": 0})
     runs: list[list[int]] = field(default_factory=list)  # recent [budget, rounds] runs
+    wall: dict[int, float] = field(default_factory=dict)  # host ms round to round (a check)
 
 
 @dataclass(frozen=True)
@@ -388,6 +389,18 @@ class AdaptivePolicy:
             s.probe_every = min(self.probe_max, s.probe_every * 2)
         return s.current
 
+    def observe_wall(self, padded_bs: int, ran: int, wall_ms: float) -> None:
+        """The host's time from one round's choice to the next one's (no prefill between): an
+        EMA per budget, reported beside the meter's GPU-event cost and not used to decide.
+        Where they differ the meter misses part of a round (H200 §25: at bs 32 the decode log
+        showed ~37 ms a round where the meter said 34.7). A gap beyond 3 x the EMA + 50 ms is a
+        pause (the meter's rule), not a sample."""
+        s = self.slot(padded_bs)
+        old = s.wall.get(ran)
+        if wall_ms <= 0 or (old is not None and wall_ms > 3 * old + 50):
+            return
+        s.wall[ran] = wall_ms if old is None else (1 - self.alpha) * old + self.alpha * wall_ms
+
     @staticmethod
     def _end_follow_up(s: Slot) -> None:
         s.confirming, s.confirm_rounds, s.streak, s.streak_rounds = False, 0, {}, 0
@@ -440,6 +453,7 @@ class AdaptivePolicy:
                 "candidates": list(s.candidates),
                 "accept": {str(n): round(v, 3) for n, v in sorted(s.accept.items())},
                 "cost_ms": {str(n): round(v, 3) for n, v in sorted(s.cost.items())},
+                "wall_ms": {str(n): round(v, 3) for n, v in sorted(s.wall.items())},
                 "rounds": s.rounds,
                 "switches": s.switches,
                 "follow_ups": dict(s.follow_ups),

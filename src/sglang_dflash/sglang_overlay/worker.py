@@ -302,6 +302,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._active_budget = budget
         self._policy_rounds = 0
         self._seen_rids: set = set()  # requests a top-budget round has measured
+        self._wall_prev: tuple[float, int, int] | None = None  # (perf_counter, slot, budget)
         # (pool, kernel) | None once resolved: the target's KV pool exists only after
         # SGLang's Scheduler.init_memory_pools, which runs after this constructor.
         self._compaction = _UNRESOLVED
@@ -618,6 +619,11 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         rids = [r.rid for r in batch.reqs]
         fresh = policy_mod.fresh_share(rids, self._seen_rids)
         n = self._policy.choose(key, fresh).budget
+        now = time.perf_counter()
+        if self._wall_prev is not None:  # the previous round, choice to choice on the host
+            t0, prev_key, prev_n = self._wall_prev
+            self._policy.observe_wall(prev_key, prev_n, (now - t0) * 1e3)
+        self._wall_prev = (now, key, n)
         if n == self._policy.schedule.candidates(key)[-1]:
             self._seen_rids = set(rids)  # this round measures every request in the batch
         self._policy_rounds += 1
@@ -668,6 +674,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         ):
             if self._meter is not None:
                 self._meter.interrupt()  # the open round's cost would include this forward
+                self._wall_prev = None  # and so would its host time
             return super().forward_batch_generation(batch, on_publish, grammar_barrier)
         if getattr(batch, "return_logprob", False):
             raise ValueError("DFLASH speculative decoding does not support return_logprob yet.")
