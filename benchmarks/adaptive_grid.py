@@ -832,6 +832,8 @@ class Grid:
             row = self.bench(url, name, prompts, mode, regime, c, first)
             first = False
             n += 1
+            if mode.adaptive:  # what each slot learnt and ran up to this level (cumulative)
+                row["policy_state"] = e2e.policy_state(url)
             if mode.algorithm == "none":
                 self.results["none_levels"][str(c)] = row | {"shared_across_regimes": True}
             else:

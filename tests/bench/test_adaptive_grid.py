@@ -458,6 +458,11 @@ def test_results_record_checks_policy_and_oracle(runs):
     assert res["checks"]["ddtree-8"]["absent"]["policy_line"].endswith(
         "policy fixed (budget 8)")
     assert res["policy_state"]["ddtree-adaptive"]["absent"]["budget"] == 64
+    # and after every level of the adaptive server, what its slots had learnt and run by then
+    levels = [row for key, row in res["cells"].items() if "|ddtree-adaptive|" in key]
+    assert levels and all(row["policy_state"]["budget"] == 64 for row in levels)
+    assert not any("policy_state" in row for key, row in res["cells"].items()
+                   if "|ddtree-adaptive|" not in key)
     # the stand-in is deterministic: planted greedy outputs equal the continuations, at once
     # and one at a time
     for mode in ("none", "ddtree-8", "ddtree-adaptive"):  # none: the numerics control
