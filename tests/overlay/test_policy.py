@@ -505,49 +505,59 @@ def test_host_wall_time_is_reported_beside_the_meter_and_not_used():
     assert pol.slot(1).current == current  # the decision reads the meter only
 
 
+def serve_arrivals(cost, top, bs, nreq, mean, seed=0, lag=3):
+    """``bs`` requests of 256 tokens at once under the automatic schedule of N = 64, the next
+    one starting as one ends (``nreq`` in all, arrivals spread out as in the grid's levels);
+    a request's accept length a round is ``draw_accept`` of mean ``mean`` at the top budget,
+    and a smaller budget keeps 0.856 of its drafts (§25's bs-8 state); the policy fed three
+    rounds late. Returns (tokens a ms per request, share of no-draft rounds, switches)."""
+    import random
+
+    pol = AdaptivePolicy(auto_schedule(64), nodraft_tokens=8)
+    rng, pending = random.Random(seed), collections.deque()
+    left = [256 - (i * (256 // bs)) % 256 or 256 for i in range(bs)]
+    rids, seen, started, nxt = list(range(bs)), set(), bs, bs
+    tokens = ms = 0.0
+    ran = []
+
+    def kept(acc, m):  # what budget m commits of a round whose top budget accepted acc
+        return acc if m == top else 1 + (acc - 1) * 0.856
+
+    while any(x < 10**8 for x in left):
+        while len(pending) > lag:
+            n, acc = pending.popleft()
+            pol.observe(bs, n, {m: kept(acc, m) for m in pol.schedule.candidates(bs)
+                                if 0 < m <= n}, cost[n])
+        n = pol.choose(bs, policy_mod.fresh_share(rids, seen)).budget
+        if n == top:
+            seen = set(rids)
+        per = [draw_accept(rng, 1 - 1 / mean) for _ in range(bs)]
+        for i in range(bs):
+            step = 8 if n == 0 else kept(per[i], n)
+            left[i] -= step
+            tokens += step
+            if left[i] <= 0 and started < nreq:
+                left[i], rids[i], nxt, started = 256, nxt, nxt + 1, started + 1
+            elif left[i] <= 0:
+                left[i] = 10**9
+        ms += cost[n]
+        ran.append(n)
+        pending.append((n, sum(per) / bs))
+    return tokens / ms / bs, ran.count(0) / len(ran), pol.slots[bs].switches
+
+
 def test_at_bs8_with_requests_arriving_all_the_time():
     """The grid's c = 8 level keeps 8 requests running: one ends and the next starts every few
     rounds, so the fresh-request probe runs the top budget every ~8 rounds and the slot ran a
     draft in most rounds (§25: served accept 3.28). With §25's bs-8 costs, 40 requests of 256
     tokens arriving as others end: on a drafter the tree loses to (2.1 a round) the slot keeps
     within 2 % of no draft's rate; on one it wins with (2.58) it drafts and gains."""
-    import random
-
-    def serve(seed, mean, nreq=40, bs=8, lag=3):
-        pol = AdaptivePolicy(auto_schedule(64), nodraft_tokens=8)
-        rng, pending = random.Random(seed), collections.deque()
-        left = [256 - (i * 32) % 256 or 256 for i in range(bs)]  # arrivals spread out
-        rids, seen, started, nxt = list(range(bs)), set(), bs, bs
-        tokens = ms = 0.0
-        ran = []
-        while any(x < 10**8 for x in left):
-            while len(pending) > lag:
-                n, acc = pending.popleft()
-                pol.observe(bs, n, {m: acc if m == 31 else 1 + (acc - 1) * 0.856
-                                    for m in pol.schedule.candidates(bs) if 0 < m <= n},
-                            BS8_BRANCHY[n])
-            n = pol.choose(bs, policy_mod.fresh_share(rids, seen)).budget
-            if n == 31:
-                seen = set(rids)
-            per = [draw_accept(rng, 1 - 1 / mean) for _ in range(bs)]
-            for i in range(bs):
-                left[i] -= 8 if n == 0 else per[i] if n == 31 else 1 + (per[i] - 1) * 0.856
-                tokens += 8 if n == 0 else per[i] if n == 31 else 1 + (per[i] - 1) * 0.856
-                if left[i] <= 0:
-                    left[i], rids[i] = (10**9, rids[i]) if started >= nreq else (256, nxt)
-                    if started < nreq:
-                        nxt, started = nxt + 1, started + 1
-            ms += BS8_BRANCHY[n]
-            ran.append(n)
-            pending.append((n, sum(per) / bs))
-        return tokens / ms / bs, pol.slots[bs].switches
-
     nodraft = 8 / BS8_BRANCHY[0]
-    losing = [serve(s, 2.1) for s in range(6)]
-    assert sum(r for r, _ in losing) / 6 >= 0.98 * nodraft, losing
-    assert sum(w for _, w in losing) / 6 <= 5, losing
-    paying = [serve(s, 2.58) for s in range(6)]
-    assert sum(r for r, _ in paying) / 6 >= 1.06 * nodraft, paying
+    losing = [serve_arrivals(BS8_BRANCHY, 31, 8, 40, 2.1, seed) for seed in range(6)]
+    assert sum(r for r, _, _ in losing) / 6 >= 0.98 * nodraft, losing
+    assert sum(w for *_, w in losing) / 6 <= 5, losing
+    paying = [serve_arrivals(BS8_BRANCHY, 31, 8, 40, 2.58, seed) for seed in range(6)]
+    assert sum(r for r, _, _ in paying) / 6 >= 1.06 * nodraft, paying
 
 
 def test_fresh_request_probes_back_off_on_a_weak_drafter_at_large_batches():
@@ -557,36 +567,10 @@ def test_fresh_request_probes_back_off_on_a_weak_drafter_at_large_batches():
     8 tokens in 31.3 / 34.7). The fresh-request probe now backs off while probes confirm the
     choice, as the regular one does; a batch that is wholly new (every new request at bs 1) is
     still probed at once (test_a_new_request_is_probed_at_once_after_a_fallback)."""
-    def serve(cost, top, bs, nreq, lag=3):  # every round accepts 1 (deterministic)
-        pol = AdaptivePolicy(auto_schedule(64), nodraft_tokens=8)
-        pending = collections.deque()
-        left = [256 - (i * (256 // bs)) % 256 or 256 for i in range(bs)]
-        rids, seen, started, nxt = list(range(bs)), set(), bs, bs
-        tokens = ms = 0.0
-        ran = []
-        while any(x < 10**8 for x in left):
-            while len(pending) > lag:
-                n = pending.popleft()
-                pol.observe(bs, n, {m: 1.0 for m in pol.schedule.candidates(bs) if 0 < m <= n},
-                            cost[n])
-            n = pol.choose(bs, policy_mod.fresh_share(rids, seen)).budget
-            if n == top:
-                seen = set(rids)
-            for i in range(bs):
-                left[i] -= 8 if n == 0 else 1
-                tokens += 8 if n == 0 else 1
-                if left[i] <= 0 and started < nreq:
-                    left[i], rids[i], nxt, started = 256, nxt, nxt + 1, started + 1
-                elif left[i] <= 0:
-                    left[i] = 10**9
-            ms += cost[n]
-            ran.append(n)
-            pending.append(n)
-        return tokens / ms / bs / (8 / cost[0]), ran.count(0) / len(ran)
-
     bs8 = {0: 31.26, 3: 8.64, 7: 8.78, 15: 9.16, 31: 11.07}
     bs32 = {0: 34.7, 3: 9.43, 7: 11.21, 15: 14.2}
     for cost, top, bs, nreq in ((bs8, 31, 8, 400), (bs32, 15, 32, 1600)):
-        rate, nodraft = serve(cost, top, bs, nreq)
+        rate, nodraft, _ = serve_arrivals(cost, top, bs, nreq, 1.0)  # every round accepts 1
+        rate /= 8 / cost[0]
         assert rate >= 0.985, (bs, rate)  # x no draft's rate; was 0.965-0.971
         assert nodraft >= 0.94, (bs, nodraft)  # share of no-draft rounds; was 0.88

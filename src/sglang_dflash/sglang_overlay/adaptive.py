@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+# the pause rule is the policy's (pure Python); re-exported here for the meter and its tests
+from sglang_dflash.sglang_overlay.policy import PAUSE_FACTOR, PAUSE_SLACK_MS, is_pause  # noqa: F401
 from sglang_dflash.sglang_overlay.timing import HostEvent  # noqa: F401 (the meter's host clock)
 
 
@@ -55,21 +57,6 @@ class _Pending:
     start: object
     end: object
     next_start: object = None
-
-
-# A round's start-to-next-start beyond PAUSE_FACTOR x its own span + PAUSE_SLACK_MS is a pause,
-# not a cost: the server stopped between the two rounds (a profiler writing its trace, a control
-# request, a GC pause). On the H200 one such gap put a no-draft round at 869 ms where it costs
-# 33, and the policy left the cheapest budget for the rest of the run (docs/gpu-results.md §23).
-# Real rounds stay far inside it: start-to-start 1.2-2.2 x the span (the trained pair's 2.0-2.9
-# ms spans 3.4-4.8 ms apart; a k = 8 no-draft round 26 ms of GPU in 33-61 ms).
-PAUSE_FACTOR = 3.0
-PAUSE_SLACK_MS = 50.0
-
-
-def is_pause(gap_ms: float, span_ms: float) -> bool:
-    """Whether ``gap_ms`` (start to the next round's start) is a pause rather than a cost."""
-    return gap_ms > PAUSE_FACTOR * max(span_ms, 0.0) + PAUSE_SLACK_MS
 
 
 class RoundMeter:

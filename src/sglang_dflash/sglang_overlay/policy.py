@@ -61,6 +61,23 @@ AUTO_MAX_BS = 1024
 RUNS_KEPT = 24
 
 
+# A round's start-to-next-start beyond PAUSE_FACTOR x its own span + PAUSE_SLACK_MS is a pause,
+# not a cost: the server stopped between the two rounds (a profiler writing its trace, a control
+# request, a GC pause). On the H200 one such gap put a no-draft round at 869 ms where it costs
+# 33, and the policy left the cheapest budget for the rest of the run (docs/gpu-results.md §23).
+# Real rounds stay far inside it: start-to-start 1.2-2.2 x the span (the trained pair's 2.0-2.9
+# ms spans 3.4-4.8 ms apart; a k = 8 no-draft round 26 ms of GPU in 33-61 ms).
+PAUSE_FACTOR = 3.0
+PAUSE_SLACK_MS = 50.0
+
+
+def is_pause(gap_ms: float, span_ms: float) -> bool:
+    """Whether ``gap_ms`` (start to the next round's start, or the host's time between two
+    choices) is a pause rather than a cost, against ``span_ms`` (the round's own span, or
+    the wall-time EMA): the meter (adaptive.RoundMeter) and ``observe_wall`` share it."""
+    return gap_ms > PAUSE_FACTOR * max(span_ms, 0.0) + PAUSE_SLACK_MS
+
+
 class PolicyError(ValueError):
     """A policy string or schedule that cannot be served; the message is one line."""
 
@@ -364,7 +381,8 @@ class AdaptivePolicy:
         else:
             s.runs.append([ran, 1])
             del s.runs[:-RUNS_KEPT]
-        if ran == s.candidates[-1] and s.current != ran and not s.confirming:
+        probed = ran == s.candidates[-1] and s.current != ran  # a probe or a follow-up round
+        if probed and not s.confirming:
             s.prior = dict(s.accept)  # before this round: a follow-up it opens shrinks to it
         a = self.alpha
         for n, v in accept_by_budget.items():
@@ -378,7 +396,7 @@ class AdaptivePolicy:
             if seen >= 1:  # the first round of a width pays one-off costs (H200: 347 ms at N=16)
                 old = s.cost.get(ran)
                 s.cost[ran] = cost_ms if old is None else (1 - a) * old + a * cost_ms
-        if ran == s.candidates[-1] and s.current != ran:
+        if probed:
             self._follow_up(s, accept_by_budget)
         best = max(s.candidates, key=lambda n: self.value(s, n))
         if self.value(s, best) == -math.inf:
@@ -400,11 +418,11 @@ class AdaptivePolicy:
         """The host's time from one round's choice to the next one's (no prefill between): an
         EMA per budget, reported beside the meter's GPU-event cost and not used to decide.
         Where they differ the meter misses part of a round (H200 §25: at bs 32 the decode log
-        showed ~37 ms a round where the meter said 34.7). A gap beyond 3 x the EMA + 50 ms is a
-        pause (the meter's rule), not a sample."""
+        showed ~37 ms a round where the meter said 34.7). A gap the meter's rule calls a pause
+        (``is_pause`` against the EMA) is not a sample."""
         s = self.slot(padded_bs)
         old = s.wall.get(ran)
-        if wall_ms <= 0 or (old is not None and wall_ms > 3 * old + 50):
+        if wall_ms <= 0 or (old is not None and is_pause(wall_ms, old)):
             return
         s.wall[ran] = wall_ms if old is None else (1 - self.alpha) * old + self.alpha * wall_ms
 
