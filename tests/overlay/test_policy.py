@@ -350,36 +350,48 @@ def test_the_follow_up_is_capped_and_ends_with_a_switch():
     assert s.current == 15 and not s.confirming and s.switches == 1
 
 
+def serve_waves(pol, cost, seed, p_at, kept, fresh_waves=False, waves=20, bs=8, lag=3):
+    """``waves`` times ``bs`` requests of 256 tokens at once at bs 8, budget 31 the top: a
+    round's accept at the top is the mean of ``bs`` ``draw_accept`` draws with probability
+    ``p_at(round)``, and budget m commits ``kept(acc, m)`` of it; with ``fresh_waves`` each
+    wave starts wholly new to the policy (the fresh-request probe). The policy is fed three
+    rounds late. Returns (tokens a ms, share of no-draft rounds, the slot's switches)."""
+    import random
+
+    rng, pending, ran = random.Random(seed), collections.deque(), []
+    tokens = ms = 0.0
+    r = 0
+    for _ in range(waves):
+        done, fresh = 0.0, 1.0 if fresh_waves else 0.0
+        while done < 256:
+            while len(pending) > lag:
+                n, acc = pending.popleft()
+                pol.observe(bs, n, {m: kept(acc, m) for m in pol.schedule.candidates(bs)
+                                    if 0 < m <= n}, cost[n])
+            n = pol.choose(bs, fresh).budget
+            fresh = 0.0 if n == 31 else fresh
+            acc = sum(draw_accept(rng, p_at(r)) for _ in range(bs)) / bs
+            step = 8 if n == 0 else kept(acc, n)
+            done += step
+            tokens += step * bs
+            ms += cost[n]
+            ran.append(n)
+            pending.append((n, acc))
+            r += 1
+    return tokens / ms, ran.count(0) / len(ran), pol.slots[bs].switches
+
+
 def test_at_bs8_a_tree_that_pays_ten_percent_is_kept():
     """H200 §22, bs 8 on branchy: budget 31 earned 2.58 a round in 9.79 ms (0.264 a ms per
     request), a k = 8 no-draft round 8 in 33.4 ms (0.240): the slot switched 18 times in 388
     rounds and ran no draft in about 40 % of them. A round's accept is a batch mean of 8
     noisy requests; at 0.05 a round the EMA holds the tree (at 0.2: no draft in 82-95 % of
     the rounds of this simulation)."""
-    import random
-
     cost = {0: 33.37, 3: 8.1, 7: 8.1, 15: 8.74, 31: 9.79}
 
-    def serve(pol, seed, waves=20, bs=8, lag=3):
-        rng, pending, ran = random.Random(seed), collections.deque(), []
-        tokens = ms = 0.0
-        for _ in range(waves):  # bs requests of 256 tokens at a time
-            done = 0.0
-            while done < 256:
-                while len(pending) > lag:
-                    n, acc = pending.popleft()
-                    pol.observe(bs, n, {m: acc if m == 31 else 1.474
-                                        for m in pol.schedule.candidates(bs) if 0 < m <= n},
-                                cost[n])
-                n = pol.choose(bs).budget
-                acc = sum(draw_accept(rng, 0.613) for _ in range(bs)) / bs  # mean 2.58
-                step = 8 if n == 0 else acc if n == 31 else 1.474
-                done += step
-                tokens += step * bs
-                ms += cost[n]
-                ran.append(n)
-                pending.append((n, acc))
-        return tokens / ms, ran.count(0) / len(ran)
+    def serve(pol, seed):  # mean 2.58 at 31; smaller budgets 1.474 whatever 31 got
+        return serve_waves(pol, cost, seed, lambda r: 0.613,
+                           lambda acc, m: acc if m == 31 else 1.474)[:2]
 
     oracle = 8 * 2.58 / cost[31]
     now = [serve(AdaptivePolicy(auto_schedule(64), nodraft_tokens=8), s) for s in range(4)]
@@ -440,33 +452,11 @@ def test_at_bs8_close_values_keep_the_slot_still():
     no draft current): it stays on no draft, switching rarely; a slowly varying drafter
     (accept 1.7 and 2.5 in turns of 20 rounds) moves it more but still within 2 % of no draft's
     rate. The §24 rule switched 6-12 times a level here (26 with the varying drafter)."""
-    import random
-
-    def serve(seed, mean_at, waves=20, bs=8, lag=3):
-        pol = AdaptivePolicy(auto_schedule(64), nodraft_tokens=8)
-        rng, pending, ran = random.Random(seed), collections.deque(), []
-        tokens = ms = 0.0
-        r = 0
-        for _ in range(waves):
-            done, fresh = 0.0, 1.0
-            while done < 256:
-                while len(pending) > lag:
-                    n, acc = pending.popleft()
-                    pol.observe(bs, n, {m: acc if m == 31 else 1 + (acc - 1) * 0.856
-                                        for m in pol.schedule.candidates(bs) if 0 < m <= n},
-                                BS8_BRANCHY[n])
-                n = pol.choose(bs, fresh).budget
-                fresh = 0.0 if n == 31 else fresh
-                p = 1 - 1 / mean_at(r)
-                acc = sum(draw_accept(rng, p) for _ in range(bs)) / bs
-                step = 8 if n == 0 else acc if n == 31 else 1 + (acc - 1) * 0.856
-                done += step
-                tokens += step * bs
-                ms += BS8_BRANCHY[n]
-                ran.append(n)
-                pending.append((n, acc))
-                r += 1
-        return tokens / ms, ran.count(0) / len(ran), pol.slots[bs].switches
+    def serve(seed, mean_at):
+        return serve_waves(AdaptivePolicy(auto_schedule(64), nodraft_tokens=8), BS8_BRANCHY,
+                           seed, lambda r: 1 - 1 / mean_at(r),
+                           lambda acc, m: acc if m == 31 else 1 + (acc - 1) * 0.856,
+                           fresh_waves=True)
 
     nodraft = 8 * 8 / BS8_BRANCHY[0]
     flat = [serve(s, lambda r: 2.1) for s in range(6)]
