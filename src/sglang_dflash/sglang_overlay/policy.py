@@ -254,6 +254,7 @@ class Slot:
     since_probe: int = 0
     probe_every: int = 0
     fresh_every: int = 0  # rounds between fresh-request probes while part of the batch is new
+    probes_out: int = 0  # regular probes chosen and not yet observed (follow-up rounds are not)
     switches: int = 0
     confirm_rounds: int = 0  # rounds probed in a row while confirming (capped at confirm_max)
     confirming: bool = False  # a follow-up is open: its rounds so far say a larger budget wins
@@ -349,6 +350,7 @@ class AdaptivePolicy:
         if s.current != top and (due or s.confirming):
             # a regular probe may open a follow-up; a follow-up probe counts toward its cap
             s.confirm_rounds = s.confirm_rounds + 1 if s.confirming else 0
+            s.probes_out += 0 if s.confirming else 1
             s.since_probe = 0
             return Choice(top, probe=True)
         s.since_probe += 1
@@ -382,6 +384,9 @@ class AdaptivePolicy:
             s.runs.append([ran, 1])
             del s.runs[:-RUNS_KEPT]
         probed = ran == s.candidates[-1] and s.current != ran  # a probe or a follow-up round
+        regular = probed and s.probes_out > 0  # rounds reach here in the order they ran
+        if regular:
+            s.probes_out -= 1
         if probed and not s.confirming:
             s.prior = dict(s.accept)  # before this round: a follow-up it opens shrinks to it
         a = self.alpha
@@ -407,9 +412,13 @@ class AdaptivePolicy:
                 s.current = best
                 s.switches += 1
                 s.probe_every, s.fresh_every = self.probe_min, self.fresh_gap
+                s.probes_out = 0
                 self._end_follow_up(s)
                 return s.current
-        if ran == s.candidates[-1] and best == s.current and not s.confirming:
+        # only a regular probe that confirms the choice lengthens the intervals: a follow-up's
+        # rounds still in flight when it ended (lag) doubled them 16 -> 256 at once, and a slot
+        # that had fallen back then stayed there for 256 rounds
+        if regular and best == s.current and not s.confirming:
             s.probe_every = min(self.probe_max, s.probe_every * 2)
             s.fresh_every = min(self.probe_max, s.fresh_every * 2)
         return s.current
