@@ -550,6 +550,13 @@ def machine() -> dict:
     return out
 
 
+def dflash_environment(environ) -> dict[str, str]:
+    """The ``SGLANG_DFLASH_*`` switches this run's servers inherit (e.g. ``HOST_LENS=bound``),
+    recorded with the run and in front of its command: they change what a cell measures."""
+    return {k: environ[k] for k in sorted(environ)
+            if k.startswith("SGLANG_DFLASH_") and k != "SGLANG_DFLASH_DDTREE_PROFILE"}
+
+
 class Grid:
     def __init__(self, opts: Opts, argv: list[str]) -> None:
         self.opts = opts
@@ -558,10 +565,11 @@ class Grid:
         self.oracle_found: dict[tuple[str, str], object] = {}  # (regime, budget) -> accept
         self.run = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "argv": argv, "servers_started": 0, "benches": 0, "skipped": {},
-                    "boot_id": boot_id()}
+                    "boot_id": boot_id(), "environment": dflash_environment(os.environ)}
         self.results["runs"].append(self.run)
-        self.results["commands"].append(
-            shlex.join([sys.executable, "-m", "adaptive_grid", *argv]))
+        self.results["commands"].append(" ".join(
+            [f"{k}={shlex.quote(v)}" for k, v in self.run["environment"].items()]
+            + [shlex.join([sys.executable, "-m", "adaptive_grid", *argv])]))
         self.results["machine"] = machine()
         self.oracle_thread: threading.Thread | None = None
 

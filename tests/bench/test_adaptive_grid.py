@@ -41,8 +41,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = dict(os.environ, STANDIN_TOKEN_DELAY="0.0002",
+def _run(*args: str, timeout: float = 120, dflash_env: dict | None = None,
+         ) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_DFLASH_")}
+    env.update(dflash_env or {}, STANDIN_TOKEN_DELAY="0.0002",
                PYTHONPATH=os.pathsep.join([str(STANDIN), str(REPO / "src"),
                                            str(REPO / "benchmarks")]))
     env.pop("NOTIFY_SOCKET", None)
@@ -50,9 +52,10 @@ def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
-def _grid_run(out: Path, *extra: str) -> subprocess.CompletedProcess:
+def _grid_run(out: Path, *extra: str, dflash_env: dict | None = None,
+              ) -> subprocess.CompletedProcess:
     return _run("--out", str(out), "--site", f"{STANDIN}{os.pathsep}{REPO / 'src'}",
-                "--port", str(_free_port()), *TINY, *extra)
+                "--port", str(_free_port()), *TINY, *extra, dflash_env=dflash_env)
 
 
 # ---- pure parts ---------------------------------------------------------------------------
@@ -335,7 +338,8 @@ def test_estimates_replay_the_h200_grid(calls):
 def runs(tmp_path_factory):
     """One grid run and, with the same --out, a second one (resume)."""
     out = tmp_path_factory.mktemp("grid") / "out"
-    first = _grid_run(out, "--nodraft-steps", "8")
+    first = _grid_run(out, "--nodraft-steps", "8",
+                      dflash_env={"SGLANG_DFLASH_DDTREE_HOST_LENS": "bound"})
     assert first.returncode == 0, first.stderr[-3000:]
     res1 = json.loads((out / "results.json").read_text())
     grid1 = json.loads((out / "adaptive-grid.json").read_text())
@@ -370,7 +374,11 @@ def test_grid_schema_and_every_cell(runs):
         (r, c) for r in REGIMES for c in LEVELS}
     assert all(isinstance(t["pass"], bool) for t in doc["targets"])
     cmds = doc["commands"]
-    assert cmds[0].split()[1:3] == ["-m", "adaptive_grid"]
+    # the first call ran with a switch its servers inherit: it heads that call's command
+    assert cmds[0].split()[0] == "SGLANG_DFLASH_DDTREE_HOST_LENS=bound"
+    assert cmds[0].split()[2:4] == ["-m", "adaptive_grid"]
+    assert [r["environment"] for r in runs["res2"]["runs"]] == [
+        {"SGLANG_DFLASH_DDTREE_HOST_LENS": "bound"}, {}]
     serves = [Path(c.split(" serve --config ")[1].split()[0]).stem
               for c in cmds if " serve --config " in c]
     # none first, dflash per regime, then DDTree: adaptive first (the targets' last column)
