@@ -20,8 +20,9 @@ mode's no-draft round as K decode steps: ``SGLANG_DFLASH_DDTREE_NODRAFT_STEPS=K`
 (an adaptive mode whose schedule is N alone, ``ddtree.policy = "adaptive:1:<N>"``: every round a
 tree of N with the policy's meter and choice running, so a profile sets its cost against the
 fixed policy's on dummy weights, where the default schedule would fall back to no draft),
-``+bound`` (a DDTree mode whose rounds plan from the reserved bound, so SGLang stops copying
-each round's lengths to the host: ``SGLANG_DFLASH_DDTREE_HOST_LENS=bound``).
+``+bound`` / ``+sync`` (a DDTree mode's ``SGLANG_DFLASH_DDTREE_HOST_LENS``: its rounds plan
+from the reserved bound and SGLang stops copying each round's lengths to the host, the default
+since §26; or SGLang copies and waits for them each round, as before).
 
 Per mode: ready time, ``check --url``, the first ``--greedy-prompts`` held-out prompts one at a
 time (output ids, SGLang's per-request spec_accept_length / verify_ct / histogram), the same
@@ -58,12 +59,12 @@ DETERMINISTIC = "--enable-deterministic-inference"
 MODIFIERS = {"no-overlap": "--disable-overlap-schedule"}
 # ``+tree``: an adaptive mode's schedule is its budget N alone (the policy runs, never falls back)
 TREE_MODIFIER = "tree"
-# ``+bound``: a DDTree mode's plans read the reserved bound; SGLang skips its per-round copy
-BOUND_MODIFIER = "bound"
+# ``+bound`` / ``+sync``: a DDTree mode's host-lengths switch (the overlay's setting)
+HOST_LENS_MODIFIERS = ("bound", "sync")
 # ``+k<K>``: the server's no-draft round as K decode steps (the overlay's setting; a DDTree mode)
 STEPS_MODIFIER = re.compile(r"k([0-9]+)")
-MODIFIER_NAMES = (*("+" + k for k in MODIFIERS), "+" + TREE_MODIFIER, "+" + BOUND_MODIFIER,
-                  "+k<K>")
+MODIFIER_NAMES = (*("+" + k for k in MODIFIERS), "+" + TREE_MODIFIER,
+                  *("+" + k for k in HOST_LENS_MODIFIERS), "+k<K>")
 
 
 def _modifier_env(mod: str, head: str, mode: str) -> dict[str, str]:
@@ -75,16 +76,13 @@ def _modifier_env(mod: str, head: str, mode: str) -> dict[str, str]:
         if not head.startswith("adaptive:"):
             raise ValueError(f"+{mod} needs an adaptive mode (adaptive:<N>), not {head!r}")
         return {}
-    if mod == BOUND_MODIFIER:
-        if not head.startswith(("ddtree:", "adaptive:")):
-            raise ValueError(f"+{mod} needs a DDTree mode (ddtree:<N> or adaptive:<N>), "
-                             f"not {head!r}")
-        return {overlay_settings.HOST_LENS_ENV: "bound"}
     hit = STEPS_MODIFIER.fullmatch(mod)
-    if hit is None:
+    if hit is None and mod not in HOST_LENS_MODIFIERS:
         raise ValueError(f"unknown modifier +{mod} in {mode!r}: " + ", ".join(MODIFIER_NAMES))
     if not head.startswith(("ddtree:", "adaptive:")):
         raise ValueError(f"+{mod} needs a DDTree mode (ddtree:<N> or adaptive:<N>), not {head!r}")
+    if hit is None:
+        return {overlay_settings.HOST_LENS_ENV: overlay_settings.parse_host_lens(mod)}
     try:
         steps = overlay_settings.parse_nodraft_steps(hit.group(1))  # 1..64: the overlay's rule
     except overlay_settings.DDTreeConfigError as exc:

@@ -28,6 +28,9 @@ def main() -> dict:
     plain = SimpleNamespace(enable_two_batch_overlap=False, speculative_algorithm="DFLASH")
     tbo = SimpleNamespace(enable_two_batch_overlap=True, speculative_algorithm="DFLASH")
     out: dict = {"flashinfer_needs": bool(FlashInferAttnBackend.needs_cpu_seq_lens)}
+    from sglang_dflash.sglang_overlay import settings
+
+    w._host_lens = settings.resolve_host_lens(settings.host_lens_from_env({}), "on")
     out["unset"] = decide_needs_cpu_seq_lens(plain, w.spec_v2_attn_backends)
     for mode in ("sync", "bound"):
         w._host_lens = mode

@@ -295,7 +295,7 @@ def test_tree_modifier_runs_the_policy_on_the_budget_alone():
         sp.parse_mode("ddtree:64+tree")
 
 
-def test_bound_modifier_sets_the_host_lengths_switch():
+def test_bound_and_sync_modifiers_set_the_host_lengths_switch():
     import real_drafter.serve_pair as sp
 
     from sglang_dflash.sglang_overlay import settings
@@ -306,8 +306,11 @@ def test_bound_modifier_sets_the_host_lengths_switch():
     both = sp.pair_config(Path("/p"), "n", "adaptive:16+k16+bound", "flashinfer")
     assert both["environment"] == {settings.NODRAFT_STEPS_ENV: "16",
                                    settings.HOST_LENS_ENV: "bound"}
-    with pytest.raises(ValueError, match="needs a DDTree mode"):
-        sp.parse_mode("dflash+bound")
+    assert sp.pair_config(Path("/p"), "n", "ddtree:15+sync", "flashinfer")["environment"] \
+        == {settings.HOST_LENS_ENV: "sync"}
+    for bad in ("dflash+bound", "none+sync"):
+        with pytest.raises(ValueError, match="needs a DDTree mode"):
+            sp.parse_mode(bad)
 
 
 def test_profile_with_a_step_count_starts_its_server_with_it(pair, tmp_path):

@@ -151,8 +151,9 @@ def parse_nodraft_steps(raw: str | None) -> int:
 # cheaper
 FAST_PLAN_MODES = {"": "on", "0": "off", "1": "on", "check": "check"}
 SPLIT_VERIFY_MODES = {"": False, "0": False, "1": True}
-# off by default until it has run on a GPU (docs/ddtree.md, "What a tree round still costs")
-HOST_LENS_MODES = {"": "sync", "sync": "sync", "bound": "bound"}
+# the default since H100 2026-12-05 (gpu-results.md §26): seeded T > 0 token-identical with it,
+# the host bound held in every checked round, a DDTree round 20-25 % cheaper at bs 1
+HOST_LENS_MODES = {"": "bound", "sync": "sync", "bound": "bound"}
 
 
 def _parse_switch(raw: str | None, name: str, modes: dict, expected: str):
@@ -179,18 +180,35 @@ def fast_plan_from_env(environ: Mapping[str, str] | None = None) -> str:
 
 
 def parse_host_lens(raw: str | None) -> str:
-    """``SGLANG_DFLASH_DDTREE_HOST_LENS``: ``sync`` or unset (the default: SGLang copies every
-    round's published lengths to the host and waits for them before it schedules the next
-    round), ``bound`` (no copy: each plan of the round reads the reserved upper bound SGLang
-    keeps on the host, so the host can build the next round while the GPU runs this one);
-    else a one-line error."""
+    """``SGLANG_DFLASH_DDTREE_HOST_LENS``: ``bound`` or unset (the default: SGLang does not copy
+    each round's lengths to the host; every plan of the round reads the reserved upper bound
+    SGLang keeps there, so the host builds the next round while the GPU runs this one),
+    ``sync`` (SGLang copies every round's published lengths to the host and waits for them
+    before it schedules the next round: what it does for DFLASH); else a one-line error."""
     return _parse_switch(raw, HOST_LENS_ENV, HOST_LENS_MODES,
-                         "sync (the default) or bound (no per-round copy of the lengths)")
+                         "bound (the default: no per-round copy of the lengths) or sync")
 
 
 def host_lens_from_env(environ: Mapping[str, str] | None = None) -> str:
     env = os.environ if environ is None else environ
     return parse_host_lens(env.get(HOST_LENS_ENV))
+
+
+def resolve_host_lens(host_lens: str, fast_plan: str) -> str:
+    """The host-lengths mode a round runs. ``bound`` rests on the sync-free plan: every plan
+    reads the round's own bound. With ``FAST_PLAN=0`` FlashInfer plans itself from SGLang's
+    host lengths (only the sync-free plan has run on a GPU with the bound), so it is ``sync``."""
+    return "sync" if fast_plan == "off" else host_lens
+
+
+def host_lens_line(host_lens: str, fast_plan: str) -> str:
+    """The start-up log line naming the round's host-lengths mode (and why it is ``sync``)."""
+    if host_lens == "bound":
+        return ("DDTree host lengths: bound (SGLang does not copy each round's lengths to the "
+                "host; every plan reads the reserved bound).")
+    why = ("FAST_PLAN=0: FlashInfer plans from SGLang's host lengths" if fast_plan == "off"
+           else f"{HOST_LENS_ENV}=sync")
+    return f"DDTree host lengths: sync ({why}; SGLang copies each round's lengths to the host)."
 
 
 def parse_split_verify(raw: str | None) -> bool:
