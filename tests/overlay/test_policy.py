@@ -501,6 +501,59 @@ def test_at_bs32_a_tree_just_below_no_draft_does_not_flap():
             assert pol.slots[bs].follow_ups["opened"] <= 10
 
 
+def run_slot(pol, bs, cost, accept, rounds, lag=3):
+    """``rounds`` rounds at padded batch size ``bs``, budget n accepting ``accept[n]`` (budget
+    0: the no-draft round's own tokens), the policy fed ``lag`` rounds late; the budgets run."""
+    pending, ran = collections.deque(), []
+    for _ in range(rounds):
+        while len(pending) > lag:
+            n = pending.popleft()
+            pol.observe(bs, n, {m: accept[m] for m in pol.schedule.candidates(bs)
+                                if 0 < m <= n}, cost[n])
+        n = pol.choose(bs).budget
+        ran.append(n)
+        pending.append(n)
+    return ran
+
+
+BS8_H100 = {0: 38.73, 3: 9.149, 7: 9.169, 15: 9.886, 31: 10.964}  # H100 §26, absent
+BS32_H100 = {0: 42.93, 3: 10.777, 7: 12.127, 15: 14.653}
+BS28_H100 = {0: 42.0, 3: 11.5, 7: 12.512, 15: 14.848, 31: 23.731}  # 0 and 3: not measured
+
+
+def test_a_new_batch_size_starts_from_the_nearest_measured_one():
+    """H100 §26, absent: a wave of requests arrived in chunks, so a bs-28 slot appeared after
+    bs 8 and 32 had long chosen no draft; its cold start ran 13 tree rounds at accept 1.0
+    (budgets 31, 15, 7 and 3 in turn, ~0.7 s with each width's first-round costs) before it
+    fell back. Now it starts from bs 8's EMAs (the nearest with every candidate of its own)
+    and runs no draft at once; a probe still comes within the probe interval."""
+    absent = {n: 1.0 for n in BS28_H100}
+    pol = AdaptivePolicy(auto_schedule(64), nodraft_tokens=8)
+    assert run_slot(pol, 8, BS8_H100, absent, 300)[-100:].count(0) >= 99
+    assert run_slot(pol, 32, BS32_H100, absent, 300)[-100:].count(0) >= 99
+    ran = run_slot(pol, 28, BS28_H100, absent, 40)
+    s = pol.slots[28]
+    assert s.warm_from == 8 and pol.summary()["28"]["warm_from"] == 8
+    assert sum(n > 0 for n in ran) <= 2 and ran[0] == 0, ran  # a probe at most
+    assert s.current == 0 and s.switches == 0
+    # a measured cost replaces the borrowed one outright (the first round of a width skipped)
+    assert s.cost[0] == pytest.approx(BS28_H100[0]) and 0 not in s.borrowed
+    cold = AdaptivePolicy(auto_schedule(64), nodraft_tokens=8)  # no neighbour: as before
+    cold_ran = run_slot(cold, 28, BS28_H100, absent, 40)
+    assert sum(n > 0 for n in cold_ran) >= 13 and "warm_from" not in cold.summary()["28"]
+
+
+def test_a_borrowed_choice_that_loses_here_is_left_within_a_few_rounds():
+    """H100 §26, branchy: at bs 8 budget 31 paid (2.43 a round in 8.75 ms against no draft's
+    8 in 38.85); at bs 28 the same tree costs 23.7 ms and loses. The new slot starts on 31
+    with bs 8's costs and leaves it once its own cost of 31 is in."""
+    accept = {0: 8.0, 3: 1.42, 7: 1.42, 15: 1.42, 31: 2.43}
+    pol = AdaptivePolicy(auto_schedule(64), nodraft_tokens=8)
+    assert run_slot(pol, 8, BS8_H100 | {0: 38.85, 31: 8.751}, accept, 300)[-1] == 31
+    ran = run_slot(pol, 28, BS28_H100, accept, 40)
+    assert ran[0] == 31 and sum(n > 0 for n in ran[:10]) <= 6 and ran[-10:] == [0] * 10, ran
+
+
 def test_a_small_edge_needs_more_rounds_than_a_large_one():
     """The follow-up's mean is shrunk toward the EMAs it started from (4 rounds of weight).
     From absent's stale EMA (1.0), a tree that now earns 3x no draft's rate is adopted after
