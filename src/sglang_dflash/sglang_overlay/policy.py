@@ -334,8 +334,9 @@ class AdaptivePolicy:
         size) and, until this slot measures them, its costs; the best of those runs at once.
         A cold start runs the top budget and then every candidate until each has a cost: on
         the H100 (§26) a bs-28 slot that appeared as a wave of requests arrived ran 13 tree
-        rounds at accept 1.0 (~0.7 s, with each width's first-round costs) on a drafter that
-        earned nothing, where no draft had long been measured best at bs 8 and 32."""
+        rounds at accept 1.0 (host wall 133 / 26 / 23 ms a round at budget 31 / 15 / 7, each
+        width's first rounds at that size) on a drafter that earned nothing, where no draft
+        had long been measured best at bs 8 and 32."""
         def eligible(other: Slot) -> bool:
             return all(n in other.accept and n in other.cost and n not in other.borrowed
                        for n in s.candidates)
@@ -343,8 +344,8 @@ class AdaptivePolicy:
         near = [(abs(math.log(b / padded_bs)), b) for b, o in self.slots.items() if eligible(o)]
         if not near:
             return
-        src = self.slots[min(near)[1]]
         s.warm_from = min(near)[1]
+        src = self.slots[s.warm_from]
         s.accept.update({n: src.accept[n] for n in s.candidates})
         s.cost.update({n: src.cost[n] for n in s.candidates})
         s.borrowed = set(s.candidates)
