@@ -468,6 +468,22 @@ def test_follow_up_rounds_in_flight_when_it_ends_neither_reopen_it_nor_lengthen_
     assert (s.probe_every, s.fresh_every) == (2 * pol.probe_min, 2 * pol.fresh_gap)
 
 
+def run_slot(pol, bs, cost, accept, rounds, lag=3):
+    """``rounds`` rounds at padded batch size ``bs``, budget n accepting ``accept[n]`` (budget
+    0: the no-draft round's own tokens; ``accept`` may be a function of the round index giving
+    that round's dict), the policy fed ``lag`` rounds late; the budgets run."""
+    pending, ran = collections.deque(), []
+    for r in range(rounds):
+        while len(pending) > lag:
+            n, acc = pending.popleft()
+            pol.observe(bs, n, {m: acc[m] for m in pol.schedule.candidates(bs)
+                                if 0 < m <= n}, cost[n])
+        n = pol.choose(bs).budget
+        ran.append(n)
+        pending.append((n, accept(r) if callable(accept) else accept))
+    return ran
+
+
 BS32_BRANCHY_H100 = {0: 43.09, 3: 10.777, 7: 12.127, 15: 13.85}  # H100 §26: ms a round at bs 32
 
 
@@ -480,40 +496,22 @@ def test_at_bs32_a_tree_just_below_no_draft_does_not_flap():
     Fed three rounds late, as the worker is."""
     import random
 
-    cost, bs, lag = BS32_BRANCHY_H100, 32, 3
+    cost, bs = BS32_BRANCHY_H100, 32
     nodraft_rate = 8 / cost[0]
     for amp in (0.3, 0.6):
         for seed in range(3):
             pol = AdaptivePolicy(auto_schedule(64), nodraft_tokens=8)
-            rng, pending = random.Random(seed), collections.deque()
-            tokens = ms = 0.0
-            for r in range(600):
-                while len(pending) > lag:
-                    n, acc = pending.popleft()
-                    pol.observe(bs, n, {m: acc for m in pol.schedule.candidates(bs)
-                                        if 0 < m <= n}, cost[n])
-                n = pol.choose(bs).budget
-                acc = 1.974 + (amp if r % 2 else -amp) + rng.gauss(0, 0.15)
-                pending.append((n, acc))
-                if r >= 200:  # after the cold start
-                    tokens, ms = tokens + (8 if n == 0 else acc), ms + cost[n]
+            rng, accs = random.Random(seed), []
+
+            def swinging(r):  # every budget accepts the round's batch mean
+                accs.append(1.974 + (amp if r % 2 else -amp) + rng.gauss(0, 0.15))  # noqa: B023
+                return dict.fromkeys(cost, accs[-1])  # noqa: B023
+
+            ran = run_slot(pol, bs, cost, swinging, 600)[200:]  # after the cold start
+            tokens = sum(8 if n == 0 else acc for n, acc in zip(ran, accs[200:], strict=True))
+            ms = sum(cost[n] for n in ran)
             assert tokens / ms >= 0.985 * nodraft_rate, (amp, seed, tokens / ms / nodraft_rate)
             assert pol.slots[bs].follow_ups["opened"] <= 10
-
-
-def run_slot(pol, bs, cost, accept, rounds, lag=3):
-    """``rounds`` rounds at padded batch size ``bs``, budget n accepting ``accept[n]`` (budget
-    0: the no-draft round's own tokens), the policy fed ``lag`` rounds late; the budgets run."""
-    pending, ran = collections.deque(), []
-    for _ in range(rounds):
-        while len(pending) > lag:
-            n = pending.popleft()
-            pol.observe(bs, n, {m: accept[m] for m in pol.schedule.candidates(bs)
-                                if 0 < m <= n}, cost[n])
-        n = pol.choose(bs).budget
-        ran.append(n)
-        pending.append(n)
-    return ran
 
 
 BS8_H100 = {0: 38.73, 3: 9.149, 7: 9.169, 15: 9.886, 31: 10.964}  # H100 §26, absent

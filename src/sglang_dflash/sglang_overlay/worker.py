@@ -501,7 +501,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         checks that bound under ``FAST_PLAN=check``), so the round says so (``HOST_LENS=bound``,
         the default: H100 §26, a round 20-25 % cheaper at bs 1, 9-23 % at bs 8)."""
         backends = super().spec_v2_attn_backends
-        if getattr(self, "_host_lens", "bound") != "bound":
+        if self._host_lens != "bound":
             return backends
         return tuple(PlansFromBound(b) for b in backends)
 
@@ -656,7 +656,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
     def policy_summary(self) -> dict:
         """The policy and what each batch size has learnt (logged; read by diagnostics)."""
         out = {"policy": self._policy_spec.describe(), "budget": self.ddtree.budget,
-               "fast_plan": self._fast_plan, "host_lens": getattr(self, "_host_lens", "bound")}
+               "fast_plan": self._fast_plan, "host_lens": self._host_lens}
         if self._fast_plan == "check":
             out["fast_plan_checks"] = {"rounds": self._plan_checks,
                                        "violations": self._plan_violations}
