@@ -1,5 +1,6 @@
-"""docs/gpu-runs holds per-run summaries only (≤ 2 MiB), each with a sha256 per raw file, and
-every doc reference into it resolves; scripts/summarise_gpu_run.py writes those summaries."""
+"""docs/gpu-runs holds per-run summaries only (within the script's size limits), each with a
+sha256 per raw file, and every doc reference into it resolves; scripts/summarise_gpu_run.py
+writes those summaries."""
 
 from __future__ import annotations
 
@@ -16,13 +17,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "docs" / "gpu-runs"
-LIMIT = 2 * 1024 * 1024
-
 _spec = importlib.util.spec_from_file_location(
     "summarise_gpu_run", ROOT / "scripts" / "summarise_gpu_run.py"
 )
 summarise_gpu_run = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(summarise_gpu_run)
+LIMIT = summarise_gpu_run.LIMIT_BYTES
+RUN_LIMIT = summarise_gpu_run.RUN_LIMIT_BYTES
 
 _LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
 _MENTION = re.compile(r"docs/gpu-runs/[A-Za-z0-9_.*/<>-]*[A-Za-z0-9_*>/]")
@@ -50,6 +51,8 @@ def summary_problems(runs: Path) -> list[str]:
         except ValueError as exc:
             problems.append(f"{rel}: not JSON ({exc})")
             continue
+        if p.stat().st_size > RUN_LIMIT:
+            problems.append(f"{rel}: {p.stat().st_size} bytes > {RUN_LIMIT} for one summary")
         if not isinstance(s, dict) or s.get("schema") != summarise_gpu_run.SCHEMA:
             problems.append(f"{rel}: schema is not {summarise_gpu_run.SCHEMA}")
             continue
@@ -128,7 +131,7 @@ def reference_problems(root: Path) -> list[str]:
 # ---- the repository itself ----------------------------------------------------------------
 
 
-def test_gpu_runs_holds_summaries_only_within_2_mib():
+def test_gpu_runs_holds_summaries_only_within_the_limits():
     assert summary_problems(RUNS) == []
 
 
@@ -218,6 +221,15 @@ def test_a_raw_file_or_an_oversize_directory_is_refused(tmp_path):
     problems = summary_problems(runs)
     assert any("bytes >" in p for p in problems)
     assert any("run1/serve.log: not a <date>/<run>.json summary" in p for p in problems)
+
+
+def test_an_oversize_summary_is_refused(tmp_path):
+    root = _fake_repo(tmp_path)
+    p = next((root / "docs" / "gpu-runs").rglob("*.json"))
+    p.write_text(p.read_text() + " " * RUN_LIMIT)  # still valid JSON, one byte-count over
+    problems = summary_problems(root / "docs" / "gpu-runs")
+    assert problems == [f"{p.relative_to(root / 'docs' / 'gpu-runs').as_posix()}: "
+                        f"{p.stat().st_size} bytes > {RUN_LIMIT} for one summary"]
 
 
 def test_a_summary_without_sha256_is_refused(tmp_path):
