@@ -694,3 +694,63 @@ def test_fresh_request_probes_back_off_on_a_weak_drafter_at_large_batches():
         rate /= 8 / cost[0]
         assert rate >= 0.985, (bs, rate)  # x no draft's rate; was 0.965-0.971
         assert nodraft >= 0.94, (bs, nodraft)  # share of no-draft rounds; was 0.88
+
+
+# H200 2026-12-05 (late), the meter's ms a round at bs 8: budget 31 in a run of its rounds (the
+# follow-ups', and after the switch) and a lone 31 among no-draft rounds (the probes' EMA)
+BS8_H200_RUN = {0: 31.4, 3: 7.85, 7: 8.0, 15: 8.4, 31: 7.82}
+BS8_H200_LONE = 10.95
+
+
+def serve_absent_then_branchy(pol, seed, waves=(5, 12), lag=3):
+    """bs 8, budget 31 the top, waves of 8 new requests of 256 tokens (the grid's levels): first
+    ``waves[0]`` on absent (every budget accepts 1.0), then ``waves[1]`` on branchy (31 earns a
+    batch mean of geometric draws around 2.43, the smaller budgets 1.42). A tree round costs
+    ``BS8_H200_RUN`` when the round before it ran the same budget, else ``BS8_H200_LONE``; the
+    slot starts from bs 1's measured EMAs, as the server's did. Fed ``lag`` rounds late.
+    Returns the branchy part's tokens a ms and its budgets."""
+    import random
+
+    one = pol.slot(1)
+    one.accept = {0: 8.0, 3: 1.0, 7: 1.0, 15: 1.0, 31: 1.0, 64: 1.0}
+    one.cost = {0: 28.8, 3: 5.834, 7: 6.073, 15: 6.178, 31: 6.555, 64: 8.1}
+    one.current = 0
+    rng, pending, ran, prev = random.Random(seed), collections.deque(), [], None
+    tokens = ms = 0.0
+    for wave in range(sum(waves)):
+        branchy, done, fresh = wave >= waves[0], 0.0, 1.0
+        while done < 256:
+            while len(pending) > lag:
+                pol.observe(8, *pending.popleft())
+            n = pol.choose(8, fresh).budget
+            fresh = 0.0 if n == 31 else fresh
+            cost = BS8_H200_RUN[n] if n == 0 or n == prev else BS8_H200_LONE
+            prev = n
+            top = (sum(draw_accept(rng, 1 - 1 / 2.43) for _ in range(8)) / 8
+                   if branchy else 1.0)
+            acc = {m: (top if m == 31 else (1.42 if branchy else 1.0))
+                   for m in pol.schedule.candidates(8) if 0 < m <= n}
+            step = 8 if n == 0 else acc[n]
+            done += step
+            if branchy:
+                tokens, ms = tokens + 8 * step, ms + cost
+                ran.append(n)
+            pending.append((n, acc, cost))
+    return tokens / ms, ran
+
+
+def test_at_bs8_a_follow_up_judges_the_tree_by_its_own_rounds():
+    """H200 2026-12-05, bs 8, absent then branchy: budget 31 earned 2.43 a round in 7.82 ms
+    when run round after round (0.311 a ms) against no draft's 8 in 31.4 (0.255), but the slot
+    had its cost of 31 from lone probes (10.9 ms): 6 follow-ups opened, none adopted, and the
+    slot ran no draft in most rounds of the level ("31x1 0x1 31x5 0x30" over and over; c = 8
+    at 0.98 x none). A probe's cost is no longer a sample, and a follow-up judges the tree by
+    its own rounds' cost: it is adopted in the first waves and the slot stays on 31."""
+    tree = 8 * 2.43 / BS8_H200_RUN[31]
+    for seed in range(4):
+        pol = AdaptivePolicy(auto_schedule(64), nodraft_tokens=8)
+        rate, ran = serve_absent_then_branchy(pol, seed)
+        s = pol.slots[8]
+        assert s.follow_ups["adopted"] >= 1 and s.current == 31, pol.summary()["8"]
+        assert ran[len(ran) // 3:].count(31) >= 0.95 * (len(ran) - len(ran) // 3)
+        assert rate >= 0.9 * tree, (seed, rate / tree)

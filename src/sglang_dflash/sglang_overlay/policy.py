@@ -261,6 +261,7 @@ class Slot:
     prior: dict[int, float] = field(default_factory=dict)  # accept EMAs when it opened
     streak: dict[int, float] = field(default_factory=dict)  # accept sums of its rounds
     streak_rounds: int = 0
+    streak_cost: list[float] = field(default_factory=list)  # ms of its rounds (the top budget)
     follow_ups: dict[str, int] = field(
         default_factory=lambda: {"opened": 0, "adopted": 0, "ended": 0, "capped": 0})
     runs: list[list[int]] = field(default_factory=list)  # recent [budget, rounds] runs
@@ -420,7 +421,11 @@ class AdaptivePolicy:
             if n in s.candidates and n > 0:
                 old = s.accept.get(n)
                 s.accept[n] = v if old is None else (1 - a) * old + a * v
-        if cost_ms is not None and cost_ms > 0 and ran in s.candidates:
+        # a regular probe's cost is not a sample: one tree round among no-draft rounds costs
+        # more than the same round in a run of them (H200 2026-12-05, meter: budget 64 at bs 1
+        # 8.2 ms fed by probes, 5.5-6.5 in a run; 31 at bs 8 10.9 against 7.8), and a slot that
+        # had fallen back then judged a paying tree by its probes' cost (below, ``_follow_up``)
+        if cost_ms is not None and cost_ms > 0 and ran in s.candidates and not regular:
             key = (padded_bs, ran)
             seen = self._cost_seen.get(key, 0)
             self._cost_seen[key] = seen + 1
@@ -432,7 +437,7 @@ class AdaptivePolicy:
             # a follow-up opens only on a regular probe: rounds of an ended one still in flight
             # reopened it (H100 §26, bs 32 on branchy: 100 follow-ups in 493 rounds, "0x1
             # 15x2" over and over, two thirds of the rounds at a tree that lost to no draft)
-            self._follow_up(s, accept_by_budget)
+            self._follow_up(s, accept_by_budget, ran, None if regular else cost_ms)
         best = max(s.candidates, key=lambda n: self.value(s, n))
         if self.value(s, best) == -math.inf:
             return s.current
@@ -468,19 +473,29 @@ class AdaptivePolicy:
     @staticmethod
     def _end_follow_up(s: Slot) -> None:
         s.confirming, s.confirm_rounds, s.streak, s.streak_rounds = False, 0, {}, 0
+        s.streak_cost = []
 
-    def _best_rate(self, s: Slot, accept: dict[int, float]) -> float:
-        """Tokens per ms of the best drafting candidate under ``accept`` at the measured costs."""
-        return max((v / s.cost[n] for n, v in accept.items()
-                    if n in s.candidates and n > 0 and s.cost.get(n, 0) > 0), default=-math.inf)
+    def _best_rate(self, s: Slot, accept: dict[int, float],
+                   cost: dict[int, float] | None = None) -> float:
+        """Tokens per ms of the best drafting candidate under ``accept``, at the measured costs
+        (``cost`` overrides some of them)."""
+        costs = s.cost | (cost or {})
+        return max((v / costs[n] for n, v in accept.items()
+                    if n in s.candidates and n > 0 and costs.get(n, 0) > 0), default=-math.inf)
 
-    def _follow_up(self, s: Slot, accept_by_budget: dict[int, float]) -> None:
+    def _follow_up(self, s: Slot, accept_by_budget: dict[int, float], ran: int,
+                   cost_ms: float | None) -> None:
         """After a regular probe or a follow-up round while another budget is current. A
         regular probe that says a larger budget wins opens a follow-up (it is not counted: it
         was chosen for its luck); the follow-up runs ``confirm_min`` rounds of its own, then
         ends once their mean does not beat the current choice, and while it does, their mean
         shrunk toward the EMAs it started from (``follow_prior`` rounds of weight) replaces
-        the EMAs once that beats the current choice, and the slot switches."""
+        the EMAs once that beats the current choice, and the slot switches. Its own rounds'
+        mean cost stands for ``ran``'s cost throughout and replaces the EMA on adoption: they
+        run the tree round after round, as the slot would after switching, where the EMA may
+        hold only costs borrowed or measured long ago (H200 2026-12-05, bs 8 on branchy: the
+        follow-ups' rounds cost 7.8 ms, the EMA said 10.9, and 4 of 6 follow-ups ended on a
+        tree earning 0.311 a ms against no draft's 0.255)."""
         cur_v = self.value(s, s.current)
         bar = cur_v * (1 + self.hysteresis)
         if cur_v == -math.inf:
@@ -494,20 +509,25 @@ class AdaptivePolicy:
         for n, v in accept_by_budget.items():
             s.streak[n] = s.streak.get(n, 0.0) + v
         s.streak_rounds += 1
+        if cost_ms is not None and cost_ms > 0:
+            s.streak_cost.append(cost_ms)
+        own = {ran: sum(s.streak_cost) / len(s.streak_cost)} if s.streak_cost else {}
         k = s.streak_rounds
         if k < self.confirm_min:  # one round says little (H100 §26: ended after one, reopened
             return  # by the next still in flight, a losing tree ran two rounds in three)
-        if self._best_rate(s, {n: v / k for n, v in s.streak.items()}) <= bar:
+        if self._best_rate(s, {n: v / k for n, v in s.streak.items()}, own) <= bar:
             s.follow_ups["ended"] += 1
             self._end_follow_up(s)
             return
         w = self.follow_prior
         shrunk = {n: (w * s.prior.get(n, v / k) + v) / (w + k) for n, v in s.streak.items()
                   if n in s.candidates and n > 0}
-        if self._best_rate(s, shrunk) > bar:
-            # the EMAs above the current budget are stale (only probes update them); the
-            # follow-up's own rounds are the fresh estimate: adopt it, so the slot switches
+        if self._best_rate(s, shrunk, own) > bar:
+            # the EMAs above the current budget are stale (probes update only their accept);
+            # the follow-up's own rounds are the fresh estimate: adopt it, so the slot switches
             s.accept.update(shrunk)
+            s.cost.update(own)
+            s.borrowed.discard(ran)
             s.follow_ups["adopted"] += 1
 
     def summary(self) -> dict[str, dict]:
