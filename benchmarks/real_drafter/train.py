@@ -70,10 +70,27 @@ def _log(t_all: float, msg: str) -> None:
 
 
 def run(args) -> dict:
+    """The whole command; every warning shown meanwhile is recorded (and still printed), so
+    the report can name the non-deterministic ops torch warned of."""
+    from .common import recording_warnings
+
+    with recording_warnings() as shown:
+        return _run(args, shown)
+
+
+def _run(args, shown: list[str]) -> dict:
     import torch
 
     from . import checkpoint, corpus, evaluate, generate, target, tokenizer, train_drafter
-    from .common import Phase, seed_everything, sync
+    from .common import (
+        DETERMINISM_SETTINGS,
+        Phase,
+        deterministic_attention,
+        nondeterministic_ops,
+        reproducibility,
+        seed_everything,
+        sync,
+    )
     from .config import EOS_TOKEN, MASK_TOKEN, PAD_TOKEN, full_plan, toy_plan
     from .drafter import DFlashDrafter
 
@@ -103,7 +120,8 @@ def run(args) -> dict:
 
     # target
     model = target.build_target(plan.target, eos_id, pad_id, device)
-    t_res = target.train_target(model, stream, plan, device, gen)
+    with deterministic_attention():
+        t_res = target.train_target(model, stream, plan, device, gen)
     walls["target_train"] = t_res.wall_s
     _log(t_all, f"target {t_res.steps} steps, loss {t_res.losses[-1]:.3f}")
     t0 = time.perf_counter()
@@ -134,8 +152,9 @@ def run(args) -> dict:
     # drafter
     drafter = DFlashDrafter(plan.target, plan.draft).to(device)
     embed_w = model.get_input_embeddings().weight.detach()
-    d_res = train_drafter.train_drafter(drafter, embed_w, feats, tokens, starts_t, plan, device,
-                                        gen, mask_id)
+    with deterministic_attention():
+        d_res = train_drafter.train_drafter(drafter, embed_w, feats, tokens, starts_t, plan,
+                                            device, gen, mask_id)
     walls["draft_train"] = d_res.wall_s
     _log(t_all, f"drafter {d_res.steps} steps, loss {d_res.losses[-1]:.3f}, "
                 f"acc1 {d_res.top1_depth1[-1]:.3f}")
@@ -199,7 +218,14 @@ def run(args) -> dict:
                  "prompt_tokens_mean": sum(p["prompt_tokens"] for p in prompts) / len(prompts)},
         "wall_s": walls,
         # the pair follows from the seed alone only if no phase was cut by its wall-clock cap
-        "reproducible": not (t_res.stopped_early or gen_stopped or d_res.stopped_early),
+        # and torch warned of no non-deterministic op (common.reproducibility)
+        **reproducibility({"target_train": t_res.stopped_early, "generate": gen_stopped,
+                           "draft_train": d_res.stopped_early}, nondeterministic_ops(shown)),
+        "reproducible_definition": "no phase that makes the pair stopped by its wall-clock cap "
+                                   "(stopped_early_phases empty) and no warning during the "
+                                   "run that mentions 'deterministic' (nondeterministic_ops "
+                                   "empty, first line of each)",
+        "determinism": DETERMINISM_SETTINGS,
         "corpus": corp.id(),
         "corpus_train_tokens": int(stream.numel()),
         "seed": args.seed,

@@ -36,13 +36,18 @@ VENV_ENV = "SGLANG_DFLASH_SGLANG_SITE"
 DEFAULT_VENV = Path.home() / ".cache/sglang-dflash/venv-sglang-cpu"
 
 
-@pytest.fixture(scope="module")
-def toy(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
+def _stdlib_corpus(root: Path) -> Path:
+    """The toy corpus: the first 60 sorted ``*.py`` files of this Python's stdlib."""
     std = Path(sysconfig.get_paths()["stdlib"])
     picked = sorted(p for p in std.glob("*.py"))[:60]
     for p in picked:
         (root / p.name).write_bytes(p.read_bytes())
+    return root
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    root = _stdlib_corpus(tmp_path_factory.mktemp("corpus"))
     out = tmp_path_factory.mktemp("run")
     rep = train.run(train._parse(["--out", str(out), "--device", "cpu", "--toy",
                                   "--corpus-root", str(root), "--seed", "0"]))
@@ -57,7 +62,10 @@ def test_files_and_report(toy):
         assert (out / f).is_file(), f
     assert json.loads(json.dumps(rep)) == json.loads((out / "report.json").read_text())
     assert rep["offline_accept_length_dflash"] >= 1.0
-    assert rep["reproducible"] is True  # every phase ran its planned steps
+    # every phase ran its planned steps and torch warned of no non-deterministic op
+    assert rep["reproducible"] is True
+    assert rep["stopped_early_phases"] == [] and rep["nondeterministic_ops"] == []
+    assert rep["determinism"]["train_sdpa_backends"] == ["MATH"]
     assert rep["target_train"]["steps"] == rep["plan"]["target_steps"]
     assert set(rep["offline_accept_length_ddtree"]) == {"8", "16", "32", "64"}
     assert all(v >= 1.0 for v in rep["offline_accept_length_ddtree"].values())
@@ -66,6 +74,45 @@ def test_files_and_report(toy):
         assert m["committed"] == sum((i + 1) * c
                                      for i, c in enumerate(m["accepted_drafts_histogram"]))
     assert rep["corpus"]["files"] == 60 and len(rep["corpus"]["sha256"]) == 64
+
+
+def test_toy_run_trains_on_math_sdpa_and_reports_a_nondeterminism_warning(
+        tmp_path, monkeypatch):
+    """train.run's wiring: both training phases run inside deterministic_attention, a warning
+    that mentions "deterministic" during the run lands in nondeterministic_ops and makes the
+    run not reproducible although no phase was cut."""
+    from real_drafter import target, train_drafter
+
+    seen = {}
+
+    def spy(name, fn, warn=None):
+        def wrapped(*a, **k):
+            b = torch.backends.cuda
+            seen[name] = (b.math_sdp_enabled(), b.flash_sdp_enabled(),
+                          b.mem_efficient_sdp_enabled(), b.cudnn_sdp_enabled())
+            if warn:
+                import warnings
+
+                warnings.warn(warn, UserWarning, stacklevel=1)
+            return fn(*a, **k)
+        return wrapped
+
+    flash = ("Flash Attention defaults to a non-deterministic algorithm. To explicitly enable "
+             "determinism call torch.use_deterministic_algorithms(True, warn_only=False).")
+    monkeypatch.setattr(target, "train_target", spy("target", target.train_target))
+    monkeypatch.setattr(train_drafter, "train_drafter",
+                        spy("drafter", train_drafter.train_drafter, flash))
+    (tmp_path / "corpus").mkdir()
+    corpus_root = _stdlib_corpus(tmp_path / "corpus")
+    out = tmp_path / "run"
+    rep = train.run(train._parse(["--out", str(out), "--device", "cpu", "--toy",
+                                  "--corpus-root", str(corpus_root), "--seed", "0"]))
+    assert seen == {"target": (True, False, False, False), "drafter": (True, False, False, False)}
+    assert torch.backends.cuda.flash_sdp_enabled()  # restored after training
+    assert rep["nondeterministic_ops"] == [flash]
+    assert rep["stopped_early_phases"] == []
+    assert rep["reproducible"] is False
+    assert json.loads((out / "report.json").read_text())["reproducible"] is False
 
 
 def test_target_and_tokenizer_load_with_transformers(toy):
