@@ -82,7 +82,30 @@ def main() -> dict:
                      W.stage_ranges(), 2, 2)
     bare_calls = calls[first:]
     del calls[first:]
+    # a short round (round_steps: no request keeps more than 2 of the k = 4): 2 steps, not
+    # metered, and the round before it drops its cost (it would span this one)
+    meter_calls = []
+    w._meter = SimpleNamespace(begin=lambda: meter_calls.append("begin"),
+                               end=lambda *a: meter_calls.append("end"),
+                               interrupt=lambda: meter_calls.append("interrupt"))
+    w._short_commits = {}
+    mark, n_app = len(calls), len(appended)
+    short = w._nodraft_round(batch, SimpleNamespace(bonus_tokens=torch.tensor([3, 11])), None,
+                             W.stage_ranges(), 2, 2, 2)
+    short_calls = calls[mark:]
+    del calls[mark:]
+    short_app = appended[n_app]
+    del appended[n_app:]
+    w._meter = None
     return {
+        "short": {"steps": len(short_calls), "meter": meter_calls,
+                  "next_token_ids": short.next_token_ids.view(2, block).tolist(),
+                  "accept_lens": short.accept_lens.tolist(),
+                  "new_seq_lens": short.new_seq_lens.tolist(),
+                  "append_commit": short_app["commit_lens"].tolist(),
+                  "append_positions": short_app["positions"].tolist(),
+                  "batch_restored": batch.seq_lens is prefix
+                  and batch.seq_lens_cpu.tolist() == [5, 9] and batch.seq_lens_sum == 14},
         "bare_steps": [(c["seq_lens"], c["seq_lens_cpu"], c["seq_lens_sum"]) for c in bare_calls],
         "bare_restored": bare.seq_lens is prefix and bare.seq_lens_cpu is None
         and bare.seq_lens_sum is None,

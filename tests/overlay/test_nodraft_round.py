@@ -81,3 +81,17 @@ def test_without_host_lengths_the_steps_keep_none(probe):
     assert probe["bare_steps"] == [[[5 + j, 9 + j], None, None] for j in range(STEPS)]
     assert probe["bare_restored"]
 
+
+
+def test_a_short_round_runs_its_steps_and_is_not_metered(probe):
+    """``round_steps`` cut the round to 2 of its k = 4 steps (no request keeps more): it runs
+    and commits 2 tokens a request like the first 2 steps of a full round, and it is not
+    metered (budget 0's cost is that of k steps); the round before it keeps its counters but
+    not its cost (``interrupt``), which would span this one."""
+    short = probe["short"]
+    (_, out0), (_, out1) = _chain(3, 5), _chain(11, 9)
+    assert short["steps"] == 2 and short["meter"] == ["interrupt"]
+    assert short["next_token_ids"] == [out0[:2] + [0] * (BLOCK - 2), out1[:2] + [0] * (BLOCK - 2)]
+    assert short["accept_lens"] == [2, 2] and short["new_seq_lens"] == [7, 11]
+    assert short["append_commit"] == [2, 2] and short["append_positions"] == [5, 6, 9, 10]
+    assert short["batch_restored"]

@@ -62,6 +62,7 @@ from sglang_dflash.sglang_overlay import adaptive as adaptive_mod
 from sglang_dflash.sglang_overlay import fast_plan, settings, split_verify
 from sglang_dflash.sglang_overlay import policy as policy_mod
 from sglang_dflash.sglang_overlay.draft_head import DraftTopKHead, draft_topk
+from sglang_dflash.sglang_overlay.round_steps import RoundSteps
 from sglang_dflash.sglang_overlay.timing import stage_ranges
 from sglang_dflash.sglang_overlay.verify import (
     RootRound,
@@ -155,6 +156,12 @@ def compaction_pool(pool):
     ):
         return None
     return pool
+
+
+def _req_lengths(batch) -> list[tuple[object, int, int | None]]:
+    """(rid, output tokens the host has seen, max_new_tokens) of each request: what
+    ``RoundSteps`` needs to cut a no-draft round to the tokens some request still keeps."""
+    return [(r.rid, len(r.output_ids), r.sampling_params.max_new_tokens) for r in batch.reqs]
 
 
 def _timing_event_factory():
@@ -290,10 +297,15 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._host_lens = settings.resolve_host_lens(settings.host_lens_from_env(),
                                                      self._fast_plan)
         self._plan_checks = self._plan_violations = 0  # rounds checked, bounds below the device
+        self._round_steps: RoundSteps | None = None  # no-draft rounds cut to what is kept
+        self._short_commits: dict[tuple[int, int], torch.Tensor] = {}
         if self._policy_spec.adaptive:
             self._policy = policy_mod.AdaptivePolicy(self._policy_spec.schedule,
                                                      nodraft_tokens=self._nodraft_steps)
             self._budgets = self._policy_spec.schedule.budgets()
+            if self._nodraft_steps > 1:  # SGLang processes a round after launching the next
+                overlap = not getattr(server_args, "disable_overlap_schedule", False)
+                self._round_steps = RoundSteps(self._nodraft_steps, overlap=overlap)
         # budget -> (target attention backend, target CUDA-graph runner); filled in
         # init_cuda_graphs. The server's own pair (width N+1) is the largest budget's.
         self._targets: dict[int, tuple[Any, Any]] = {}
@@ -606,6 +618,16 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                                                     steps=self._nodraft_steps)
         return hit
 
+    def _short_commit(self, bs: int, k: int) -> torch.Tensor:
+        """Commit lengths of a no-draft round of k < nodraft_steps steps (made on first use:
+        a fresh host-to-device copy each round would wait for the stream)."""
+        cache = self._short_commits
+        hit = cache.get((bs, k))
+        if hit is None:
+            hit = cache[(bs, k)] = torch.full((bs,), int(k), dtype=torch.int32,
+                                              device=self.device)
+        return hit
+
     def _padded_bs(self, bs: int) -> int:
         """The CUDA-graph batch size a batch of ``bs`` runs at (bs itself past the graphs)."""
         idx = bisect.bisect_left(self._graph_bs, bs)
@@ -662,6 +684,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                                        "violations": self._plan_violations}
         if self._policy is not None:
             out["nodraft_steps"] = self._nodraft_steps
+            if self._round_steps is not None:
+                out["nodraft_trimmed"] = self._round_steps.trimmed
             out["slots"] = self._policy.summary()
             out["dropped_rounds"] = self._meter.dropped
         return out
@@ -816,8 +840,15 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             self._check_plan_bound(batch, draft_input)
         with ranges("choose"):
             budget, key = self._choose_budget(batch, bs)
-        if budget == 0 and self._nodraft_steps > 1:
-            return self._nodraft_round(batch, draft_input, on_publish, ranges, key, bs)
+        if self._round_steps is not None:
+            lengths = _req_lengths(batch)
+            if budget == 0:
+                steps = self._round_steps.plan(lengths)
+                if steps < self._nodraft_steps:
+                    self._wall_prev = None  # a short round's wall is not budget 0's
+                return self._nodraft_round(batch, draft_input, on_publish, ranges, key, bs,
+                                           steps)
+            self._round_steps.launched(lengths)
         width = budget + 1
         prefix_lens = batch.seq_lens  # the committed prefixes this round starts from
         prof, meter = self._prof, self._meter
@@ -886,7 +917,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             new_seq_lens=new_seq_lens,
         )
 
-    def _nodraft_round(self, batch, draft_input, on_publish, ranges, key: int, bs: int):
+    def _nodraft_round(self, batch, draft_input, on_publish, ranges, key: int, bs: int,
+                       steps: int | None = None):
         """A round without a draft as ``k = nodraft_steps`` plain decode steps: k width-1
         (causal) verify forwards in a row, each feeding its token to the next, then one
         drafter KV append for the k committed tokens.
@@ -899,9 +931,16 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         draw keyed by its position) after the tokens before it, exactly as plain decoding
         would choose; SGLang's result processing stops a request at EOS or its length limit
         inside the k tokens as it does inside an accepted draft. The k tokens' KV slots are
-        the first k of the draft block's (k <= draft width <= N+1 reserved)."""
-        k = self._nodraft_steps
+        the first k of the draft block's (k <= draft width <= N+1 reserved).
+
+        ``steps`` < k (``round_steps``: no request keeps more) runs fewer steps; such a round
+        is not metered (the policy's budget-0 cost is that of k steps), and the round before
+        it keeps its counters but not its cost, which would span this one."""
+        k = self._nodraft_steps if steps is None else steps
         prof, meter = self._prof, self._meter
+        if meter is not None and k != self._nodraft_steps:
+            meter.interrupt()
+            meter = None
         if meter is not None:
             meter.begin()
         if prof is not None:
@@ -958,7 +997,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if prof is not None:
             prof.mark(3)
             prof.mark(4)
-        commit = root_round.steps_commit
+        commit = root_round.steps_commit if k == self._nodraft_steps else \
+            self._short_commit(bs, k)
         with ranges("commit"):
             self._append_first_columns(rows.view(bs * k, -1), cache_loc_2d, positions_2d, k,
                                        commit)
