@@ -622,6 +622,8 @@ def test_host_wall_time_is_reported_beside_the_meter_and_not_used():
     pol.observe_wall(1, 15, 0.0)  # nonsense: no sample
     one = pol.summary()["1"]
     assert one["wall_ms"] == {"15": 10.1} and one["cost_ms"] == {"15": 8.0}
+    # the pause is not a sample, but the summary names the longest wall and counts the pauses
+    assert one["wall_max_ms"] == {"15": 500.0} and one["stalls"] == 1
     assert pol.slot(1).current == current  # the decision reads the meter only
 
 
