@@ -9,10 +9,15 @@
 #
 #   gpu_jit_cache.sh save <out-dir>       tar the caches into <out-dir>/jit-cache.tgz (+ .sha256)
 #   gpu_jit_cache.sh restore <tgz>        unpack them (checksum first)
+#   gpu_jit_cache.sh merge <out-dir> <tgz>...   (here, before staging) one archive of several
 #
 # Caches are taken in priority order while the archive stays within 16 MiB (the largest file
-# a device call brings back); the ones that do not fit are named on stderr, and `save` refuses
-# when not even the first fits. Entries are relative to $HOME; TorchInductor's cache
+# a device call brings back); the ones that do not fit go to jit-cache-2.tgz (+ .sha256), a
+# cache over 16 MiB alone is named on stderr and left out, and `save` refuses when not even the
+# first fits. (2026-12-05 on the H200: FlashInfer's 25 MB and tvm-ffi's 18 MB filled the
+# archive, and Triton's cache, kept on the H100 the lease before, was left out.) `merge` unpacks
+# archives in order (a later one's file wins), checks each as `restore` does, and packs them into
+# <out-dir>/jit-cache.tgz with no 16 MiB limit (the staging call carries it; 48 MiB at most). Entries are relative to $HOME; TorchInductor's cache
 # ($TORCHINDUCTOR_CACHE_DIR, else /tmp/torchinductor_<user>) travels as .cache/torchinductor
 # and goes back to where torch looks for it. FlashInfer keys its cache by its version and the
 # GPU arch (.cache/flashinfer/<version>/<arch>/), so a restored cache of another version is
@@ -27,8 +32,10 @@ die() { echo "gpu_jit_cache: $2" >&2; exit "$1"; }
 CACHES=(.cache/flashinfer .cache/tvm-ffi .triton .cache/torchinductor .nv/ComputeCache)
 INDUCTOR=.cache/torchinductor
 LIMIT=$((16 * 1024 * 1024))
+MERGE_LIMIT=$((48 * 1024 * 1024))
 
-[ $# -eq 2 ] || die 2 "usage: gpu_jit_cache.sh save <out-dir> | restore <jit-cache.tgz>"
+[ $# -ge 2 ] || die 2 "usage: gpu_jit_cache.sh save <out-dir> | restore <jit-cache.tgz> | merge <out-dir> <jit-cache.tgz>..."
+case "$1" in save | restore) [ $# -eq 2 ] || die 2 "usage: gpu_jit_cache.sh $1 <one argument>" ;; esac
 home=${HOME:?HOME is not set}
 inductor_dir=${TORCHINDUCTOR_CACHE_DIR:-/tmp/torchinductor_$(id -un)}
 
@@ -49,6 +56,23 @@ pack() {
         fi
     done
     tar czf "$tgz" "${args[@]}"
+}
+
+# die unless <tgz> exists, matches its .sha256 and holds JIT-cache entries only
+checked() {
+    local tgz=$1 sums="$1.sha256" want got entry
+    [ -f "$tgz" ] || die 2 "$tgz: no such file"
+    [ -f "$sums" ] || die 1 "$sums: missing (carry it with the archive)"
+    want=$(cut -d' ' -f1 < "$sums")
+    got=$(sha256sum "$tgz" | cut -d' ' -f1)
+    [ "$want" = "$got" ] || die 1 "$tgz: sha256 $got does not match $sums"
+    while read -r entry; do
+        case "$entry" in
+        /* | *../*) die 1 "$tgz: unsafe entry '$entry'" ;;
+        .cache/flashinfer* | .triton* | .cache/tvm-ffi* | .cache/torchinductor* | .nv/ComputeCache*) ;;
+        *) die 1 "$tgz: entry '$entry' is not a JIT cache" ;;
+        esac
+    done < <(tar tzf "$tgz")
 }
 
 case "$1" in
@@ -84,28 +108,54 @@ save)
         rm -f "$out/jit-cache.tgz"
         die 1 "archive is over the 16 MiB a call brings back even with ${present[0]} alone"
     fi
-    if [ ${#left[@]} -gt 0 ]; then
-        echo "gpu_jit_cache: left out (over 16 MiB together): ${left[*]}" >&2
-    fi
     size=$(stat -c %s "$out/jit-cache.tgz")
     (cd "$out" && sha256sum jit-cache.tgz > jit-cache.tgz.sha256)
     echo "gpu_jit_cache: saved ${kept[*]} -> $out/jit-cache.tgz ($((size / 1024)) KiB)"
+    spill=()
+    out_left=()
+    for c in "${left[@]}"; do  # what did not fit: a second archive, as much as fits
+        pack "$out/jit-cache-2.tgz.try" "${spill[@]}" "$c"
+        if [ "$(stat -c %s "$out/jit-cache-2.tgz.try")" -le "$LIMIT" ]; then
+            spill+=("$c")
+            mv "$out/jit-cache-2.tgz.try" "$out/jit-cache-2.tgz"
+        else
+            out_left+=("$c")
+        fi
+    done
+    rm -f "$out/jit-cache-2.tgz.try"
+    if [ ${#spill[@]} -gt 0 ]; then
+        (cd "$out" && sha256sum jit-cache-2.tgz > jit-cache-2.tgz.sha256)
+        echo "gpu_jit_cache: saved ${spill[*]} -> $out/jit-cache-2.tgz" \
+             "($(($(stat -c %s "$out/jit-cache-2.tgz") / 1024)) KiB; merge both before staging)"
+    fi
+    if [ ${#out_left[@]} -gt 0 ]; then
+        echo "gpu_jit_cache: left out (over 16 MiB in either archive): ${out_left[*]}" >&2
+    fi
+    ;;
+merge)
+    [ $# -ge 3 ] || die 2 "usage: gpu_jit_cache.sh merge <out-dir> <jit-cache.tgz>..."
+    out=${2%/}
+    [ -d "$out" ] || die 2 "$out: not a directory"
+    shift 2
+    for tgz in "$@"; do checked "$tgz"; done
+    tmp=$(mktemp -d)
+    trap 'rm -rf "$tmp"' EXIT
+    for tgz in "$@"; do tar xzf "$tgz" -C "$tmp"; done
+    entries=()
+    for c in "${CACHES[@]}"; do [ -d "$tmp/$c" ] && entries+=("$c"); done
+    tar czf "$out/jit-cache.tgz.try" -C "$tmp" "${entries[@]}"
+    size=$(stat -c %s "$out/jit-cache.tgz.try")
+    if [ "$size" -gt "$MERGE_LIMIT" ]; then
+        rm -f "$out/jit-cache.tgz.try"
+        die 1 "merged archive is $((size / 1048576)) MiB, over the 48 MiB a staging call carries"
+    fi
+    mv "$out/jit-cache.tgz.try" "$out/jit-cache.tgz"
+    (cd "$out" && sha256sum jit-cache.tgz > jit-cache.tgz.sha256)
+    echo "gpu_jit_cache: merged $# archive(s): ${entries[*]} -> $out/jit-cache.tgz ($((size / 1024)) KiB)"
     ;;
 restore)
     tgz=$2
-    [ -f "$tgz" ] || die 2 "$tgz: no such file"
-    sums="$tgz.sha256"
-    [ -f "$sums" ] || die 1 "$sums: missing (carry it with the archive)"
-    want=$(cut -d' ' -f1 < "$sums")
-    got=$(sha256sum "$tgz" | cut -d' ' -f1)
-    [ "$want" = "$got" ] || die 1 "$tgz: sha256 $got does not match $sums"
-    while read -r entry; do
-        case "$entry" in
-        /* | *../*) die 1 "$tgz: unsafe entry '$entry'" ;;
-        .cache/flashinfer* | .triton* | .cache/tvm-ffi* | .cache/torchinductor* | .nv/ComputeCache*) ;;
-        *) die 1 "$tgz: entry '$entry' is not a JIT cache" ;;
-        esac
-    done < <(tar tzf "$tgz")
+    checked "$tgz"
     tar xzf "$tgz" -C "$home"
     if [ -d "$home/$INDUCTOR" ] && [ "$home/$INDUCTOR" != "$inductor_dir" ]; then
         mkdir -p "$inductor_dir"

@@ -104,11 +104,49 @@ def test_too_big_together_keeps_flashinfer_alone(tmp_path):
     big.write_bytes(os.urandom(17 * 1024 * 1024))
     r = run(home, "save", str(out))
     assert r.returncode == 0, r.stderr
-    assert "left out (over 16 MiB together): .triton" in r.stderr
+    assert "left out (over 16 MiB in either archive): .triton" in r.stderr
+    assert not (out / "jit-cache-2.tgz").exists()  # over 16 MiB alone: no second archive
     assert run(fresh, "restore", str(out / "jit-cache.tgz")).returncode == 0
     fi = ".cache/flashinfer/0.6.15.post1/90a/cached_ops/sampling/sampling.so"
     assert (fresh / fi).read_bytes() == files[fi]
     assert not (fresh / ".triton").exists()
+
+
+def test_what_does_not_fit_goes_to_a_second_archive_and_merge_joins_them(tmp_path):
+    """2026-12-05 (H200): FlashInfer's and tvm-ffi's caches filled the 16 MiB archive and
+    Triton's was left out. Now it goes to jit-cache-2.tgz; ``merge`` (here, before staging)
+    joins archives, a later one's file winning, into one the staging call carries."""
+    home, out, merged, fresh = (tmp_path / d for d in ("home", "out", "merged", "fresh"))
+    for d in (home, out, merged, fresh):
+        d.mkdir()
+    files = fake_caches(home)
+    (home / ".cache/flashinfer/big.bin").write_bytes(os.urandom(10 * 1024 * 1024))
+    (home / ".triton/cache/big.bin").write_bytes(os.urandom(10 * 1024 * 1024))
+    r = run(home, "save", str(out))
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert "saved .cache/flashinfer -> " in r.stdout and "saved .triton -> " in r.stdout
+    older = tmp_path / "older"  # an older lease's archive: its flashinfer file is stale
+    (older / "h" / ".cache/flashinfer/0.6.15.post1/90a/cached_ops/sampling").mkdir(parents=True)
+    stale = older / "h" / ".cache/flashinfer/0.6.15.post1/90a/cached_ops/sampling/sampling.so"
+    stale.write_bytes(b"old")
+    (older / "h" / ".cache/flashinfer/only-old.so").write_bytes(b"kept")
+    assert run(older / "h", "save", str(older)).returncode == 0
+    r = run(home, "merge", str(merged), str(older / "jit-cache.tgz"), str(out / "jit-cache.tgz"),
+            str(out / "jit-cache-2.tgz"))
+    assert r.returncode == 0, r.stderr
+    assert "merged 3 archive(s): .cache/flashinfer .triton" in r.stdout
+    assert run(fresh, "restore", str(merged / "jit-cache.tgz")).returncode == 0
+    for rel, data in files.items():
+        assert (fresh / rel).read_bytes() == data  # the later archive's copy
+    assert (fresh / ".cache/flashinfer/only-old.so").read_bytes() == b"kept"
+    assert (fresh / ".triton/cache/big.bin").stat().st_size == 10 * 1024 * 1024
+    # a bad archive stops the merge with one line, and nothing is written
+    (out / "jit-cache-2.tgz.sha256").write_text("0" * 64 + "  jit-cache-2.tgz\n")
+    (merged / "jit-cache.tgz").unlink()
+    r = run(home, "merge", str(merged), str(out / "jit-cache.tgz"), str(out / "jit-cache-2.tgz"))
+    assert r.returncode == 1 and "does not match" in r.stderr and len(r.stderr.splitlines()) == 1
+    assert not (merged / "jit-cache.tgz").exists()
+    assert run(home, "merge", str(merged)).returncode == 2  # no archive named
 
 
 def test_stage_calls_carry_and_restore_the_cache(tmp_path):
