@@ -192,6 +192,9 @@ def test_fresh_share_and_gap():
 
     assert fresh_share([], {1}) == 0.0
     assert fresh_share([1, 2, 3, 4], {1, 2, 3}) == 0.25
+    # only the requests ``counts`` marks can be new: 5 about to finish, never probed
+    assert fresh_share([1, 2, 3, 4, 5], set(), [False] * 5) == 0.0
+    assert fresh_share([1, 2, 3, 4], {1}, [True, True, False, False]) == 0.25
     pol = AdaptivePolicy(parse_schedule("1:0,15", 15), fresh_gap=4)
     s = pol.slot(1)
     s.accept, s.cost, s.current = {0: 1.0, 15: 1.0}, {0: 1.0, 15: 2.0}, 0

@@ -61,3 +61,14 @@ def test_the_batch_runs_as_long_as_its_longest_request_needs():
     assert rs.plan([("a", 249, 256), ("b", 245, 256)]) == 3  # 256 - 245 - 8 for b
     assert rs.plan([("new", 0, 256)]) == 8  # a new request: its prefill's token in flight
     assert rs.trimmed == 1
+
+
+def test_a_request_with_two_rounds_or_less_to_come_is_not_worth_a_probe():
+    """H200 2026-12-05, absent c = 32: the 5 requests of each wave admitted a round late ran
+    their last round alone at bs 5, where they counted as new and were probed with a tree of 64
+    every wave. A request counts as new only with more than 2 k tokens to come."""
+    rs = RoundSteps(8)
+    reqs = [("a", 0, 256), ("b", 239, 256), ("c", 240, 256), ("d", 5, None)]
+    # in flight: the prefill's token; to come 255, 16, 15, unlimited
+    assert rs.worth_probing(reqs) == [True, False, False, True]
+    assert rs.plan(reqs) == 8 and rs.worth_probing([("a", 1, 256)]) == [True]  # 247 to come

@@ -570,8 +570,14 @@ def counterfactual_accept(path_nodes: Sequence[int], budgets: Iterable[int]) -> 
     return {n: 1 + sum(1 for i in path_nodes if 1 <= i <= n) for n in budgets}
 
 
-def fresh_share(rids: Sequence[object], seen: set) -> float:
-    """Share of ``rids`` not in ``seen`` (0.0 for an empty batch)."""
+def fresh_share(rids: Sequence[object], seen: set,
+                counts: Sequence[bool] | None = None) -> float:
+    """Share of ``rids`` not in ``seen`` (0.0 for an empty batch); with ``counts``, only the
+    requests it marks count as new: a request about to finish is not worth a probe (H200
+    2026-12-05, absent c = 32: the last 5 requests of each wave, admitted a round late and never
+    probed at bs 32, ran their final round alone at bs 5 and were probed there with a tree of
+    64 every wave)."""
     if not rids:
         return 0.0
-    return sum(1 for r in rids if r not in seen) / len(rids)
+    marks = counts if counts is not None else [True] * len(rids)
+    return sum(1 for r, c in zip(rids, marks, strict=True) if c and r not in seen) / len(rids)

@@ -59,6 +59,12 @@ class RoundSteps:
     def _record(self, reqs: Sequence[ReqLengths], commits: int) -> None:
         self._last = {rid: commits for rid, _, _ in reqs}
 
+    def worth_probing(self, reqs: Sequence[ReqLengths]) -> list[bool]:
+        """Per request: more than two full no-draft rounds of tokens still to come (or no
+        length limit). A probe measures what a tree would earn on the request's next rounds;
+        one with a round or two left has none worth a probe."""
+        return [n is None or n > 2 * self.k for n in self._left(reqs)]
+
     def plan(self, reqs: Sequence[ReqLengths]) -> int:
         """Steps for a no-draft round over ``reqs``; records the round as launched."""
         steps = round_steps(self.k, self._left(reqs))

@@ -633,15 +633,17 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         idx = bisect.bisect_left(self._graph_bs, bs)
         return self._graph_bs[idx] if idx < len(self._graph_bs) else bs
 
-    def _choose_budget(self, batch, bs: int) -> tuple[int, int]:
-        """(budget, slot key) for this round: the fixed N, or the policy's choice."""
+    def _choose_budget(self, batch, bs: int, lengths=None) -> tuple[int, int]:
+        """(budget, slot key) for this round: the fixed N, or the policy's choice. With the
+        requests' ``lengths`` (``_req_lengths``), one about to finish does not count as new."""
         if self._policy is None:
             return self.ddtree.budget, bs
         for rec in self._meter.drain():
             self._policy.observe(rec.key, rec.ran, rec.accept_by_budget, rec.cost_ms)
         key = self._padded_bs(bs)
         rids = [r.rid for r in batch.reqs]
-        fresh = policy_mod.fresh_share(rids, self._seen_rids)
+        counts = self._round_steps.worth_probing(lengths) if lengths is not None else None
+        fresh = policy_mod.fresh_share(rids, self._seen_rids, counts)
         n = self._policy.choose(key, fresh).budget
         now = time.perf_counter()
         if self._wall_prev is not None:  # the previous round, choice to choice on the host
@@ -838,10 +840,10 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         bs = len(batch.seq_lens)
         if self._fast_plan == "check":
             self._check_plan_bound(batch, draft_input)
+        lengths = _req_lengths(batch) if self._round_steps is not None else None
         with ranges("choose"):
-            budget, key = self._choose_budget(batch, bs)
+            budget, key = self._choose_budget(batch, bs, lengths)
         if self._round_steps is not None:
-            lengths = _req_lengths(batch)
             if budget == 0:
                 steps = self._round_steps.plan(lengths)
                 if steps < self._nodraft_steps:
