@@ -93,6 +93,24 @@ SHAPE_4B = {"hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers":
 SHAPES = ("4b", "8b")
 
 
+
+TIMELINE_FIELDS = ("start", "ttft", "latency", "output_tokens")
+
+
+def request_timeline(records: list[dict]) -> dict:
+    """Each request's start, time to first token, latency (s, ms precision) and tokens, in
+    start order: what the dropped per-request records (their per-token gaps are most of the
+    7 kB) say about when a level's slow requests ran. H200 2026-12-05, absent c = 32: a tenth
+    of the requests waited 0.4-0.7 s for their first token and the percentiles alone could
+    not say which wave they were in."""
+    def ms(v):
+        return None if v is None else round(float(v), 3)
+
+    rows = sorted(([ms(r.get("start")), ms(r.get("ttft")), ms(r.get("latency")),
+                    r.get("output_tokens")] for r in records),
+                  key=lambda row: (row[0] is None, row[0] or 0.0))
+    return {"fields": list(TIMELINE_FIELDS), "rows": rows}
+
 class UsageError(Exception):
     """A bad flag or a --out that does not fit: one line on stderr, exit 2."""
 
@@ -805,8 +823,9 @@ class Grid:
         if out.exists():
             doc = json.loads(out.read_text())
             if not self.opts.keep_records:  # ~7 kB per request: 60 MB over the grid
-                out.write_text(json.dumps({k: v for k, v in doc.items() if k != "records"},
-                                          indent=1))
+                slim = {k: v for k, v in doc.items() if k != "records"}
+                slim["timeline"] = request_timeline(doc.get("records", []))
+                out.write_text(json.dumps(slim, indent=1))
             summ = [s for s in doc.get("summaries", []) if s.get("concurrency") == c]
             if summ:
                 s = summ[0]

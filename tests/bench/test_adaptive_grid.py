@@ -392,6 +392,9 @@ def test_grid_schema_and_every_cell(runs):
 def test_bench_files_keep_the_summaries_only(runs):
     doc = json.loads((runs["out"] / "bench-ddtree-8-chain-c2.json").read_text())
     assert "records" not in doc and doc["summaries"][0]["concurrency"] == 2
+    rows = doc["timeline"]["rows"]  # each request's start, TTFT, latency, tokens
+    assert len(rows) == doc["summaries"][0]["requests"]
+    assert [r[0] for r in rows] == sorted(r[0] for r in rows) and all(r[3] > 0 for r in rows)
     cell = runs["res1"]["cells"]["chain|ddtree-8|2"]
     assert cell["bench_json"] == "bench-ddtree-8-chain-c2.json" and cell["rc"] == 0
     assert cell["requests"] == cell["ok"] == 8
@@ -754,3 +757,19 @@ def test_sigterm_while_a_server_starts_stops_it(tmp_path):
     assert rec["ready_seconds"] is None and rec["interrupted"] is True
     assert rec["serve_exit"] is not None
     _wait_for(lambda: not _serving(cfg), timeout=10)
+
+
+def test_the_request_timeline_keeps_when_each_request_ran():
+    """The bench JSON files drop their per-request records (7 kB each, most of it per-token
+    gaps); the timeline keeps start, time to first token, latency and tokens, in start order."""
+    records = [
+        {"start": 0.51234, "ttft": 0.5281, "latency": 1.577, "output_tokens": 256,
+         "itl": [0.1] * 9},
+        {"start": 0.0, "ttft": 0.1319, "latency": 1.3471, "output_tokens": 256, "itl": []},
+        {"start": None, "ttft": None, "latency": None, "output_tokens": 0, "error": "refused"},
+    ]
+    t = grid.request_timeline(records)
+    assert t["fields"] == ["start", "ttft", "latency", "output_tokens"]
+    assert t["rows"] == [[0.0, 0.132, 1.347, 256], [0.512, 0.528, 1.577, 256],
+                         [None, None, None, 0]]
+    assert len(json.dumps(t)) < 200
