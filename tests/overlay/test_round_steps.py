@@ -72,3 +72,15 @@ def test_a_request_with_two_rounds_or_less_to_come_is_not_worth_a_probe():
     # in flight: the prefill's token; to come 255, 16, 15, unlimited
     assert rs.worth_probing(reqs) == [True, False, False, True]
     assert rs.plan(reqs) == 8 and rs.worth_probing([("a", 1, 256)]) == [True]  # 247 to come
+
+
+def test_after_a_prefill_between_rounds_only_the_new_requests_have_tokens_in_flight():
+    """SGLang launches the prefill and then processes the last round's results, so by the next
+    round the old requests have nothing in flight; the prefill's own requests have its token."""
+    rs = RoundSteps(8)
+    rs.plan([("a", 230, 256)])  # a round of 8 for "a"
+    rs.other_forward()  # a prefill runs between the rounds: a's round is processed meanwhile
+    assert rs.plan([("a", 250, 256)]) == 6  # 256 - 250, nothing in flight (not 1: 250 + 8)
+    rs.other_forward()
+    assert rs.worth_probing([("a", 256, 256), ("b", 0, 256)]) == [False, True]
+    assert rs.plan([("b", 0, 256)]) == 8  # b's prefill token in flight: 255 to come

@@ -75,3 +75,9 @@ class RoundSteps:
     def launched(self, reqs: Sequence[ReqLengths]) -> None:
         """A tree round over ``reqs``: it commits at least one token a request."""
         self._record(reqs, 1)
+
+    def other_forward(self) -> None:
+        """A prefill (or idle) forward runs between two rounds: SGLang processes the last
+        round's results after launching it, so by the next round nothing of the last round is
+        in flight (a request the prefill admits still has its first token in flight)."""
+        self._last = dict.fromkeys(self._last, 0)

@@ -703,6 +703,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             if self._meter is not None:
                 self._meter.interrupt()  # the open round's cost would include this forward
                 self._wall_prev = None  # and so would its host time
+            if self._round_steps is not None:
+                self._round_steps.other_forward()  # the last round is processed meanwhile
             return super().forward_batch_generation(batch, on_publish, grammar_barrier)
         if getattr(batch, "return_logprob", False):
             raise ValueError("DFLASH speculative decoding does not support return_logprob yet.")
