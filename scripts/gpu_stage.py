@@ -677,12 +677,15 @@ def device_calls(
     remote: str = "/root/stage",
     dest: str = "/root/site",
     jit_cache: bool = False,
+    cache_with_last: bool = False,
 ) -> list[dict]:
     """The `run` calls that move the parts to the device, one part per call (the carry limit
     is 64 MiB a call), each part checked on arrival, the last call unpacking. Files under
     /root survive between back-to-back calls while the machine stays warm. With
-    ``jit_cache``, one more call restores the JIT caches a previous lease saved
-    (scripts/gpu_jit_cache.sh) into $HOME there."""
+    ``jit_cache``, the JIT caches a previous lease saved (scripts/gpu_jit_cache.sh) are
+    restored into $HOME there: in the last part's call when ``cache_with_last`` (it fits
+    beside that part: one call fewer, each costing device time while the machine waits),
+    else in one more call."""
     calls = []
     for i, part in enumerate(parts):
         cmd = (
@@ -691,10 +694,14 @@ def device_calls(
             f" (cd {remote} && grep -F ' {part}' SHA256SUMS | sha256sum -c --quiet -);"
             f" echo 'part {i + 1}/{len(parts)} ok'; ls {remote}"
         )
+        carry = [f"{stage_rel}/{part}", f"{stage_rel}/SHA256SUMS"]
         if i == len(parts) - 1:
             cmd += f"; bash scripts/gpu_unstage.sh {remote} {dest}"
-        calls.append({"command": cmd, "carry": [f"{stage_rel}/{part}", f"{stage_rel}/SHA256SUMS"]})
-    if jit_cache:
+            if jit_cache and cache_with_last:
+                cmd += f"; bash scripts/gpu_jit_cache.sh restore {stage_rel}/{JIT_CACHE}"
+                carry += [f"{stage_rel}/{JIT_CACHE}", f"{stage_rel}/{JIT_CACHE}.sha256"]
+        calls.append({"command": cmd, "carry": carry})
+    if jit_cache and not cache_with_last:
         calls.append({
             "command": f"set -eo pipefail; bash scripts/gpu_jit_cache.sh restore "
                        f"{stage_rel}/{JIT_CACHE}",
@@ -956,7 +963,10 @@ def stage(args: argparse.Namespace) -> dict:
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     if jit_sha is not None:
         take_jit_cache(args.jit_cache, jit_sha, out)
-    calls = device_calls([p.name for p in parts], jit_cache=args.jit_cache is not None)
+    cache_with_last = jit_sha is not None and fits_one_call(
+        parts[-1].stat().st_size + args.jit_cache.stat().st_size, working_tree_bytes(args.repo))
+    calls = device_calls([p.name for p in parts], jit_cache=args.jit_cache is not None,
+                         cache_with_last=cache_with_last)
     (out / "calls.json").write_text(json.dumps(calls, indent=1) + "\n")
     return manifest
 
@@ -1005,6 +1015,12 @@ def working_tree_bytes(repo: Path) -> int:
         with contextlib.suppress(OSError):
             total += (repo / name).stat().st_size
     return total
+
+
+def fits_one_call(carried_bytes: int, tree_bytes: int) -> bool:
+    """Whether files of ``carried_bytes`` travel in one call beside the working tree (64 MiB
+    in all, 2 MiB to spare, as ``auto_part_mib`` leaves)."""
+    return carried_bytes + tree_bytes <= 62 * MIB
 
 
 def auto_part_mib(tree_bytes: int) -> int:

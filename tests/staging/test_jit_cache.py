@@ -192,6 +192,24 @@ def test_stage_calls_carry_and_restore_the_cache(tmp_path):
         raise AssertionError("a wrong checksum was accepted")
 
 
+def test_the_cache_rides_with_the_last_part_when_both_fit_one_call():
+    """§27 chained the restore onto the last part's call by hand (part 21 MB + cache 17 MB):
+    one call fewer, each costing device time while the machine waits. gpu_stage does it when
+    the two fit one call beside the working tree."""
+    gs = load_stage()
+    mib = gs.MIB
+    calls = gs.device_calls(["p.part-00", "p.part-01"], jit_cache=True, cache_with_last=True)
+    assert len(calls) == 2
+    last = calls[-1]
+    assert last["carry"] == [".stage/p.part-01", ".stage/SHA256SUMS", ".stage/jit-cache.tgz",
+                             ".stage/jit-cache.tgz.sha256"]
+    unstage = last["command"].index("gpu_unstage.sh")
+    assert last["command"].index("gpu_jit_cache.sh restore .stage/jit-cache.tgz") > unstage
+    assert len(gs.device_calls(["p.part-00"], jit_cache=True)) == 2  # apart, as before
+    assert gs.fits_one_call(21 * mib + 17 * mib, 7 * mib)
+    assert not gs.fits_one_call(60 * mib + 17 * mib, 7 * mib)
+
+
 def test_inductor_and_ptx_caches_travel_and_go_back_where_torch_looks(tmp_path):
     """TorchInductor's cache lives outside $HOME (/tmp/torchinductor_<user>): it travels as
     .cache/torchinductor and is put back at $TORCHINDUCTOR_CACHE_DIR; CUDA's PTX cache is
