@@ -58,6 +58,28 @@ pack() {
     tar czf "$tgz" "${args[@]}"
 }
 
+# pack into $out/<name> as many of the caches after it as fit in 16 MiB, in order, with its
+# .sha256; FILLED: those packed, OVER: the rest (no archive when none fits)
+fill() {
+    local name=$1 c
+    shift
+    FILLED=()
+    OVER=()
+    for c in "$@"; do
+        pack "$out/$name.try" "${FILLED[@]}" "$c"
+        if [ "$(stat -c %s "$out/$name.try")" -le "$LIMIT" ]; then
+            FILLED+=("$c")
+            mv "$out/$name.try" "$out/$name"
+        else
+            OVER+=("$c")
+        fi
+    done
+    rm -f "$out/$name.try"
+    if [ ${#FILLED[@]} -gt 0 ]; then
+        (cd "$out" && sha256sum "$name" > "$name.sha256")
+    fi
+}
+
 # die unless <tgz> exists, matches its .sha256 and holds JIT-cache entries only
 checked() {
     local tgz=$1 sums="$1.sha256" want got entry
@@ -92,44 +114,19 @@ save)
     done
     echo "gpu_jit_cache: candidates: $(IFS=,; echo "${sizes[*]}" | sed 's/,/, /g')"
     [ ${#present[@]} -gt 0 ] || die 1 "no JIT cache under $home (${CACHES[*]}): nothing to save"
-    kept=()
-    left=()
-    for c in "${present[@]}"; do
-        pack "$out/jit-cache.tgz.try" "${kept[@]}" "$c"
-        if [ "$(stat -c %s "$out/jit-cache.tgz.try")" -le "$LIMIT" ]; then
-            kept+=("$c")
-            mv "$out/jit-cache.tgz.try" "$out/jit-cache.tgz"
-        else
-            left+=("$c")
-        fi
-    done
-    rm -f "$out/jit-cache.tgz.try"
-    if [ ${#kept[@]} -eq 0 ]; then
-        rm -f "$out/jit-cache.tgz"
+    rm -f "$out/jit-cache.tgz" "$out/jit-cache.tgz.sha256"
+    fill jit-cache.tgz "${present[@]}"
+    [ ${#FILLED[@]} -gt 0 ] ||
         die 1 "archive is over the 16 MiB a call brings back even with ${present[0]} alone"
-    fi
-    size=$(stat -c %s "$out/jit-cache.tgz")
-    (cd "$out" && sha256sum jit-cache.tgz > jit-cache.tgz.sha256)
-    echo "gpu_jit_cache: saved ${kept[*]} -> $out/jit-cache.tgz ($((size / 1024)) KiB)"
-    spill=()
-    out_left=()
-    for c in "${left[@]}"; do  # what did not fit: a second archive, as much as fits
-        pack "$out/jit-cache-2.tgz.try" "${spill[@]}" "$c"
-        if [ "$(stat -c %s "$out/jit-cache-2.tgz.try")" -le "$LIMIT" ]; then
-            spill+=("$c")
-            mv "$out/jit-cache-2.tgz.try" "$out/jit-cache-2.tgz"
-        else
-            out_left+=("$c")
-        fi
-    done
-    rm -f "$out/jit-cache-2.tgz.try"
-    if [ ${#spill[@]} -gt 0 ]; then
-        (cd "$out" && sha256sum jit-cache-2.tgz > jit-cache-2.tgz.sha256)
-        echo "gpu_jit_cache: saved ${spill[*]} -> $out/jit-cache-2.tgz" \
+    echo "gpu_jit_cache: saved ${FILLED[*]} -> $out/jit-cache.tgz" \
+         "($(($(stat -c %s "$out/jit-cache.tgz") / 1024)) KiB)"
+    fill jit-cache-2.tgz "${OVER[@]}"  # what did not fit: a second archive, as much as fits
+    if [ ${#FILLED[@]} -gt 0 ]; then
+        echo "gpu_jit_cache: saved ${FILLED[*]} -> $out/jit-cache-2.tgz" \
              "($(($(stat -c %s "$out/jit-cache-2.tgz") / 1024)) KiB; merge both before staging)"
     fi
-    if [ ${#out_left[@]} -gt 0 ]; then
-        echo "gpu_jit_cache: left out (over 16 MiB in either archive): ${out_left[*]}" >&2
+    if [ ${#OVER[@]} -gt 0 ]; then
+        echo "gpu_jit_cache: left out (over 16 MiB in either archive): ${OVER[*]}" >&2
     fi
     ;;
 merge)

@@ -48,6 +48,8 @@ PROJECT = "sglang-dflash"
 EXTRA = "gpu"
 TARBALL = "sglang-dflash-stage.tar.gz"
 MIB = 1024 * 1024
+# what one device call may carry beside the working tree: 64 MiB, 2 MiB to spare
+CALL_ROOM = 62 * MIB
 
 # The interpreter and platform of the H200 host (docs/gpu-staging.md, KINDS.md).
 HOST_ENV = {
@@ -1018,9 +1020,8 @@ def working_tree_bytes(repo: Path) -> int:
 
 
 def fits_one_call(carried_bytes: int, tree_bytes: int) -> bool:
-    """Whether files of ``carried_bytes`` travel in one call beside the working tree (64 MiB
-    in all, 2 MiB to spare, as ``auto_part_mib`` leaves)."""
-    return carried_bytes + tree_bytes <= 62 * MIB
+    """Whether files of ``carried_bytes`` travel in one call beside the working tree."""
+    return carried_bytes + tree_bytes <= CALL_ROOM
 
 
 def auto_part_mib(tree_bytes: int) -> int:
@@ -1028,7 +1029,7 @@ def auto_part_mib(tree_bytes: int) -> int:
 
     A fixed 60 MiB stopped fitting once committed GPU results grew the tree past 4 MiB
     (2026-12-02: "the working tree is larger than 64 MiB")."""
-    room = (64 * MIB - tree_bytes) // MIB - 2
+    room = (CALL_ROOM - tree_bytes) // MIB
     if room < 1:
         raise StageError(f"the working tree is {tree_bytes / MIB:.1f} MiB: no room for a part "
                          "in a 64 MiB call; move large untracked files out or ignore them")

@@ -88,7 +88,6 @@ def main() -> dict:
     w._meter = SimpleNamespace(begin=lambda: meter_calls.append("begin"),
                                end=lambda *a: meter_calls.append("end"),
                                interrupt=lambda: meter_calls.append("interrupt"))
-    w._short_commits = {}
     mark, n_app = len(calls), len(appended)
     short = w._nodraft_round(batch, SimpleNamespace(bonus_tokens=torch.tensor([3, 11])), None,
                              W.stage_ranges(), 2, 2, 2)

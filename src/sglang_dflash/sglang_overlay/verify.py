@@ -121,9 +121,20 @@ class RootRound:
         self._accept = root_accept(zeros.view(bs, 1), max_depth)
         self._pad = self._accept.out_tokens[:, 1:]  # zeros [bs, L]
         self.bs = bs
-        # commit lengths of a no-draft round of ``steps`` decode steps (the worker's
-        # _nodraft_round): int32 [bs], read by SGLang's result processing only
-        self.steps_commit = torch.full((bs,), int(steps), dtype=torch.int32, device=device)
+        self._device = device
+        self._commits: dict[int, torch.Tensor] = {}
+        self.commit_lens(steps)
+
+    def commit_lens(self, steps: int) -> torch.Tensor:
+        """Commit lengths of a no-draft round of ``steps`` decode steps (the worker's
+        ``_nodraft_round``: its k, or fewer near the requests' ends): int32 [bs], read by
+        SGLang's result processing only; made once per step count (a fresh host-to-device
+        copy each round would wait for the stream)."""
+        hit = self._commits.get(steps)
+        if hit is None:
+            hit = self._commits[steps] = torch.full((self.bs,), int(steps), dtype=torch.int32,
+                                                    device=self._device)
+        return hit
 
     def tree(self, root_tokens: torch.Tensor, seq_lens: torch.Tensor) -> DDTree:
         bs = self.bs

@@ -298,7 +298,6 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                                                      self._fast_plan)
         self._plan_checks = self._plan_violations = 0  # rounds checked, bounds below the device
         self._round_steps: RoundSteps | None = None  # no-draft rounds cut to what is kept
-        self._short_commits: dict[tuple[int, int], torch.Tensor] = {}
         if self._policy_spec.adaptive:
             self._policy = policy_mod.AdaptivePolicy(self._policy_spec.schedule,
                                                      nodraft_tokens=self._nodraft_steps)
@@ -616,16 +615,6 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if hit is None:
             hit = self._root_rounds[bs] = RootRound(bs, self.ddtree.max_depth, self.device,
                                                     steps=self._nodraft_steps)
-        return hit
-
-    def _short_commit(self, bs: int, k: int) -> torch.Tensor:
-        """Commit lengths of a no-draft round of k < nodraft_steps steps (made on first use:
-        a fresh host-to-device copy each round would wait for the stream)."""
-        cache = self._short_commits
-        hit = cache.get((bs, k))
-        if hit is None:
-            hit = cache[(bs, k)] = torch.full((bs,), int(k), dtype=torch.int32,
-                                              device=self.device)
         return hit
 
     def _padded_bs(self, bs: int) -> int:
@@ -1001,8 +990,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if prof is not None:
             prof.mark(3)
             prof.mark(4)
-        commit = root_round.steps_commit if k == self._nodraft_steps else \
-            self._short_commit(bs, k)
+        commit = root_round.commit_lens(k)
         with ranges("commit"):
             self._append_first_columns(rows.view(bs * k, -1), cache_loc_2d, positions_2d, k,
                                        commit)
