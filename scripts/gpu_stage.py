@@ -698,7 +698,9 @@ def device_calls(
         )
         carry = [f"{stage_rel}/{part}", f"{stage_rel}/SHA256SUMS"]
         if i == len(parts) - 1:
+            # the unstage byte-compiles the site; the host's torch tree is compiled here
             cmd += f"; bash scripts/gpu_unstage.sh {remote} {dest}"
+            cmd += "; bash scripts/gpu_bytecompile.sh --host"
             if jit_cache and cache_with_last:
                 cmd += f"; bash scripts/gpu_jit_cache.sh restore {stage_rel}/{JIT_CACHE}"
                 carry += [f"{stage_rel}/{JIT_CACHE}", f"{stage_rel}/{JIT_CACHE}.sha256"]

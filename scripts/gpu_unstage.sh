@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs ON the GPU host: reassemble the parts made by scripts/gpu_stage.py, verify them and
-# unpack the site directory.   Usage: gpu_unstage.sh <part-dir> <dest>
+# unpack the site directory, then byte-compile it (scripts/gpu_bytecompile.sh beside this one:
+# each server's processes import from .pyc instead of compiling).
+#   Usage: gpu_unstage.sh <part-dir> <dest>
 # <part-dir> holds SHA256SUMS and every <tarball>.part-NN it lists. Idempotent: when <dest>
 # already holds this tarball (marker <dest>/.stage-sha256) nothing is done. Every failure is
 # one line on stderr and a non-zero exit (1: bad/missing data, 2: usage).
@@ -67,3 +69,5 @@ mv "$new" "$dest"
 files=$(find "$dest" -type f | wc -l)
 mib=$(du -sm "$dest" | cut -f1)
 echo "gpu_unstage: unpacked $tar_name ${tar_sha:0:12} (${#parts[@]} parts) into $dest: $files files, $mib MiB, $((SECONDS - start)) s"
+bytecompile="$(dirname "$0")/gpu_bytecompile.sh"
+if [ -f "$bytecompile" ]; then bash "$bytecompile" "$dest"; else echo "gpu_unstage: $bytecompile missing; $dest not byte-compiled" >&2; fi

@@ -59,7 +59,9 @@ def test_reassembles_verifies_and_unpacks(staged, tmp_path):
     dest = tmp_path / "dest"
     r = _unstage(out, dest)
     assert r.returncode == 0, r.stderr
-    assert len(r.stdout.strip().splitlines()) == 1 and "unpacked" in r.stdout
+    unpacked, compiled = r.stdout.strip().splitlines()
+    assert "unpacked" in unpacked and "gpu_bytecompile:" in compiled and "1 .pyc files" in compiled
+    assert list((dest / "pkg" / "__pycache__").glob("__init__.*.pyc"))  # imports skip compiling
     assert (dest / "pkg" / "sub" / "blob.bin").read_bytes() == payload
     assert (dest / "pkg" / "__init__.py").read_text() == "X = 1\n"
     assert os.access(dest / "pkg" / "tool", os.X_OK)
@@ -155,7 +157,8 @@ def test_truncated_tarball_fails_to_unpack_with_one_line(tmp_path):
 def _device_copy(repo_copy: Path, out: Path, carry: list[str]) -> None:
     """What a `run` call sees: the tracked scripts plus the carried paths, nothing else."""
     (repo_copy / "scripts").mkdir(parents=True, exist_ok=True)
-    (repo_copy / "scripts" / "gpu_unstage.sh").write_bytes(UNSTAGE_SH.read_bytes())
+    for script in ("gpu_unstage.sh", "gpu_bytecompile.sh"):
+        (repo_copy / "scripts" / script).write_bytes((UNSTAGE_SH.parent / script).read_bytes())
     for rel in carry:
         src = out.parent / rel
         (repo_copy / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -175,16 +178,23 @@ def test_device_calls_replayed_one_by_one(staged, tmp_path):
     out, parts, payload = staged
     calls = _calls(out, parts, tmp_path)
     assert len(calls) == len(parts)
+    # The last call compiles the host's torch tree: here a stand-in found first on the path.
+    host = tmp_path / "host-site"
+    (host / "torch").mkdir(parents=True)
+    (host / "torch" / "__init__.py").write_text("")
+    host_env = {**os.environ, "PYTHONPATH": str(host)}
     for i, call in enumerate(calls):
         assert len(call["command"]) < 2000 and len(call["carry"]) <= 8
         copy = tmp_path / f"call{i}"
         _device_copy(copy, out, call["carry"])
         r = subprocess.run(
-            ["bash", "-c", call["command"]], cwd=copy, capture_output=True, text=True, timeout=60
+            ["bash", "-c", call["command"]], cwd=copy, capture_output=True, text=True, timeout=60,
+            env=host_env,
         )
         assert r.returncode == 0, r.stderr
         assert f"part {i + 1}/{len(parts)} ok" in r.stdout
     assert "unpacked" in r.stdout
+    assert f"gpu_bytecompile: {host}: 1 .pyc files" in r.stdout
     assert (tmp_path / "root-site" / "pkg" / "sub" / "blob.bin").read_bytes() == payload
 
 
@@ -210,3 +220,47 @@ def test_real_stage_calls_fit_the_device_limits():
         assert len(call["command"]) < 2000 and len(call["carry"]) <= 8
         size = sum((stage.parent / c).stat().st_size for c in call["carry"])
         assert size <= 62 * 1024 * 1024, call["carry"]
+
+
+BYTECOMPILE_SH = UNSTAGE_SH.parent / "gpu_bytecompile.sh"
+
+
+def _bytecompile(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(BYTECOMPILE_SH), *args], capture_output=True, text=True, timeout=120,
+        env=env,
+    )
+
+
+def test_bytecompile_counts_what_does_not_compile_and_python_then_imports_the_pyc(tmp_path):
+    tree = tmp_path / "tree"
+    (tree / "good").mkdir(parents=True)
+    (tree / "good" / "__init__.py").write_text("VALUE = 41 + 1\n")
+    (tree / "py2_fixture.py").write_text("print 'python 2'\n")
+    r = _bytecompile(str(tree))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("\n") == 1 and "1 .pyc files, 1 not compiled" in r.stdout
+    # The source is gone, the .pyc is what Python imports from now on: it was really written.
+    pyc = next((tree / "good" / "__pycache__").glob("__init__.*.pyc"))
+    legacy = tree / "good.pyc"
+    legacy.write_bytes(pyc.read_bytes())
+    out = subprocess.run(
+        ["python3", "-c", "import good; print(good.VALUE)"], cwd=tree, capture_output=True,
+        text=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )
+    assert out.stdout.strip() == "42", out.stderr
+
+
+def test_bytecompile_host_finds_the_tree_that_holds_torch(tmp_path):
+    fake = tmp_path / "host-site"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text("")
+    r = _bytecompile("--host", env={**os.environ, "PYTHONPATH": str(fake)})
+    assert r.returncode == 0, r.stderr
+    assert f"gpu_bytecompile: {fake}:" in r.stdout
+
+
+def test_bytecompile_bad_usage_is_one_line_and_exit_2(tmp_path):
+    for args in ((), ("--nope",), (str(tmp_path / "missing"),)):
+        r = _bytecompile(*args)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
