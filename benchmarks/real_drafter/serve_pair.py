@@ -463,6 +463,26 @@ def served_rows(serves: dict) -> list[dict]:
     return rows
 
 
+def done_modes(paths: list[Path]) -> set[str]:
+    """The modes earlier results.json files finished (served or seeded, neither skipped nor
+    failed); a missing file is a call that never got there (nothing done), a broken one a
+    one-line ValueError."""
+    done: set[str] = set()
+    for path in paths:
+        if not path.exists():
+            continue
+        try:
+            res = json.loads(path.read_text())
+            errors = res.get("errors", {})
+            for group in ("serve", "seeded"):
+                done |= {m for m, rec in res.get(group, {}).items()
+                         if m not in errors and "skipped" not in rec and "error" not in rec}
+        except (OSError, ValueError, AttributeError) as exc:
+            raise ValueError(f"--skip-done {path}: not a serve_pair results.json ({exc})") \
+                from None
+    return done
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pair", type=Path, required=True, help="real_drafter.train's --out")
@@ -491,6 +511,9 @@ def main(argv=None) -> int:
                     help="--cuda-graph-max-bs of profile:<mode> servers (8 covers c = 1, 8 and "
                     "starts faster)")
     ap.add_argument("--time-budget-s", type=float, default=0)
+    ap.add_argument("--skip-done", type=Path, action="append", default=[], metavar="RESULTS",
+                    help="an earlier call's results.json: its finished modes are not run "
+                         "again (back-to-back calls share one mode list)")
     ap.add_argument("modes", nargs="+")
     args = ap.parse_args(argv)
     try:
@@ -519,6 +542,15 @@ def main(argv=None) -> int:
             print(f"serve_pair: unknown backend {backend!r}", file=sys.stderr)
             return 2
         steps.append((m, base, backend))
+    try:
+        done = done_modes(args.skip_done)
+    except ValueError as exc:
+        print(f"serve_pair: {exc}", file=sys.stderr)
+        return 2
+    if done & set(args.modes):
+        print(f"[serve_pair] done earlier, not run: {' '.join(m for m in args.modes if m in done)}",
+              flush=True)
+        steps = [s for s in steps if s[0] not in done]
     if args.dummy and not (args.pair / "prompts.jsonl").exists():
         write_dummy_pair(args.pair, shape=args.shape)
     if not (args.pair / "prompts.jsonl").is_file():

@@ -388,3 +388,26 @@ def test_timed_only_with_repeats(pair, tmp_path):
     assert not list(out.rglob("*.trace.json*"))
     bad = _run(pair, tmp_path / "o2", "--timed-repeats", "0", "profile:none")
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0
+
+
+def test_skip_done_leaves_out_what_an_earlier_call_finished(pair, tmp_path):
+    first = tmp_path / "first" / "results.json"
+    first.parent.mkdir()
+    first.write_text(json.dumps({
+        "serve": {"none": {"label": "none"}, "ddtree:8": {"skipped": "time budget: 3s left"},
+                  "ddtree:32": {"label": "ddtree-32"}},
+        "seeded": {"seeded:dflash": {"summary": {}}}, "errors": {"ddtree:32": "boom"}}))
+    out = tmp_path / "out"
+    r = _run(pair, out, "--skip-done", str(first), "--skip-done", str(tmp_path / "never.json"),
+             "none", "ddtree:8", "ddtree:32", "seeded:dflash")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "done earlier, not run: none seeded:dflash" in r.stdout
+    res = json.loads((out / "results.json").read_text())
+    assert list(res["serve"]) == ["ddtree:8", "ddtree:32"] and not res["seeded"]
+
+
+def test_skip_done_broken_file_one_line(pair, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    r = _run(pair, tmp_path / "o", "--skip-done", str(bad), "none")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "bad.json" in r.stderr
