@@ -317,10 +317,13 @@ def seeded_mode(opts, pair: Path, mode: str, backend: str, prompts: list[dict],
             r1["rows"] = run_requests(url, head, seeded_params, parallel=False)
     rows = r1.get("rows", [])
     rec["spec"] = {k: r1.get(k) for k in ("ready_seconds", "serve_exit", "error")}
+    # The outputs and the sampling parameters stay in the record: tie_margin judges each
+    # divergence from them (the seeded sampler's draw within bf16's error).
     rec["rows"] = [{"identical": r["output"] == ref,
                     "first_diff": e2e.first_diff(r["output"], ref),
-                    "accept_length": r["spec_accept_length"]}
-                   for r, ref in zip(rows, base["outputs"], strict=False)]
+                    "accept_length": r["spec_accept_length"],
+                    "params": seeded_params(i), "output": r["output"], "reference": ref}
+                   for i, (r, ref) in enumerate(zip(rows, base["outputs"], strict=False))]
     rec["summary"] = {
         "all_identical": bool(rows) and all(r["identical"] for r in rec["rows"]),
         "prompts": len(rows),

@@ -20,8 +20,21 @@ Run from the repo root (on the GPU host: ``PYTHONPATH=/root/site:src:benchmarks`
 
 Compared: every served mode's ``greedy`` (one at a time) and ``greedy_parallel`` (all at once)
 outputs, the reference's own ``greedy_parallel`` included, against the reference's ``greedy``.
-Identical prefixes are forwarded once. Exit 0 whether or not every divergence is explained
-(``summary.lossless_explained`` says), 2 with one line on stderr for bad input.
+Identical prefixes are forwarded once.
+
+Seeded T > 0 (``serve_pair``'s ``seeded:<mode>`` rows, which keep both outputs and the
+sampling parameters): SGLang's deterministic sampler draws by hashing (seed, position, rank in
+the sorted probabilities), so any reorder of two near-equal probabilities moves the draw; a
+gap of logits says nothing here. At the first divergence the sampler itself (our
+``verify.seeded_node_targets`` with SGLang's ``multinomial_with_seed``, as the servers ran it:
+position = prefix length - 1) draws from the fp32 logits, the bf16 ones, the fp32 ones with a
+and b pushed eps apart either way, and ``SEEDED_DRAWS`` copies with uniform noise in
+[-eps, eps] on every logit. Verdict ``numerics`` when both a and b are among those draws (each
+server's token is what the sampler gives within bf16's error), else ``mismatch``. Needs SGLang
+importable (the GPU host's site) when seeded rows diverge.
+
+Exit 0 whether or not every divergence is explained (``summary.lossless_explained`` says), 2
+with one line on stderr for bad input.
 """
 
 from __future__ import annotations
@@ -37,6 +50,8 @@ from pathlib import Path
 KINDS = ("greedy", "greedy_parallel")
 TOP_EPS = 8  # eps is measured over the fp32 top-8 tokens
 VERDICTS = ("identical", "numerics", "mismatch")
+SEEDED_DRAWS = 64  # noisy copies of the fp32 logits the seeded sampler draws from
+SEEDED_KIND = "seeded"
 
 
 class InputError(Exception):
@@ -151,6 +166,127 @@ def judge(d: Divergence, lg: Logits) -> Judged:
     )
 
 
+@dataclass(frozen=True)
+class SeededDivergence:
+    """One seeded:<mode> row whose T > 0 output differs from the seeded reference's."""
+
+    mode: str
+    backend: str
+    prompt: int
+    position: int
+    prefix: tuple[int, ...]
+    a: int | None
+    b: int | None
+    temperature: float
+    top_p: float
+    seed: int
+
+
+@dataclass(frozen=True)
+class SeededJudged:
+    """One seeded divergence, the sampler's draws within bf16's error, and the verdict."""
+
+    mode: str
+    backend: str
+    kind: str
+    prompt: int
+    position: int
+    prefix_len: int
+    a: int | None
+    b: int | None
+    eps: float
+    draw32: int
+    draw16: int
+    hits_a: int
+    hits_b: int
+    draws: int
+    verdict: str
+
+
+def find_seeded_divergences(
+    results: dict, prompts: list[list[int]]
+) -> tuple[list[SeededDivergence], dict[str, dict[str, int]], int]:
+    """Every seeded row that differs from its reference output, per mode the identical count,
+    and how many rows could not be judged (a results.json from before rows kept outputs).
+    Pure; ValueError for a row whose prompt index is past prompts.jsonl."""
+    divs: list[SeededDivergence] = []
+    identical: dict[str, dict[str, int]] = {}
+    unjudged = 0
+    for key, rec in results.get("seeded", {}).items():
+        if not isinstance(rec, dict) or not rec.get("rows"):
+            continue
+        count = 0
+        for i, row in enumerate(rec["rows"]):
+            if not all(k in row for k in ("output", "reference", "params")):
+                unjudged += 1
+                continue
+            if i >= len(prompts):
+                raise ValueError(f"{key} has seeded row {i} but prompts.jsonl only "
+                                 f"{len(prompts)} prompts")
+            ref, out = row["reference"], row["output"]
+            p = first_divergence(ref, out)
+            if p is None:
+                count += 1
+                continue
+            prm = row["params"]
+            divs.append(SeededDivergence(
+                mode=key, backend=rec.get("backend", ""), prompt=i, position=p,
+                prefix=tuple(prompts[i]) + tuple(ref[:p]),
+                a=ref[p] if p < len(ref) else None, b=out[p] if p < len(out) else None,
+                temperature=float(prm["temperature"]), top_p=float(prm.get("top_p", 1.0)),
+                seed=int(prm["sampling_seed"])))
+        identical.setdefault(key, {})[SEEDED_KIND] = count
+    return divs, identical, unjudged
+
+
+def judge_seeded(d: SeededDivergence, lg: Logits, seeded, draws: int = SEEDED_DRAWS,
+                 noise_seed: int = 0) -> SeededJudged:
+    """The seeded sampler's draws from this prefix's logits within bf16's error (see the module
+    docstring). ``seeded`` is SGLang's ``multinomial_with_seed`` (a stand-in in CPU tests)."""
+    import torch
+
+    from sglang_dflash.sglang_overlay.verify import seeded_node_targets
+
+    l32 = torch.tensor(lg.l32, dtype=torch.float32)
+    l16 = torch.tensor(lg.l16, dtype=torch.float32)
+    order = torch.argsort(l32, descending=True)
+    eps = float((l16[order[:TOP_EPS]] - l32[order[:TOP_EPS]]).abs().max())
+    rows = [l32, l16]
+    if d.a is not None and d.b is not None:
+        for sign in (1.0, -1.0):  # a and b pushed eps apart, either way
+            r = l32.clone()
+            r[d.a] += sign * eps
+            r[d.b] -= sign * eps
+            rows.append(r)
+    gen = torch.Generator().manual_seed(noise_seed)
+    noise = (torch.rand((draws, l32.numel()), generator=gen) * 2 - 1) * eps
+    logits = torch.cat([torch.stack(rows), l32.unsqueeze(0) + noise])
+    n = logits.shape[0]
+    got = seeded_node_targets(
+        logits, 1, torch.full((n,), d.temperature), torch.full((n,), d.seed, dtype=torch.int64),
+        torch.full((n,), len(d.prefix) - 1, dtype=torch.int64), seeded,
+        top_ps=torch.full((n,), d.top_p) if d.top_p < 1.0 else None,
+    ).view(-1).tolist()
+    hits_a = sum(1 for t in got if t == d.a)
+    hits_b = sum(1 for t in got if t == d.b)
+    ok = d.a is not None and d.b is not None and hits_a > 0 and hits_b > 0
+    return SeededJudged(
+        mode=d.mode, backend=d.backend, kind=SEEDED_KIND, prompt=d.prompt, position=d.position,
+        prefix_len=len(d.prefix), a=d.a, b=d.b, eps=eps, draw32=got[0], draw16=got[1],
+        hits_a=hits_a, hits_b=hits_b, draws=n, verdict="numerics" if ok else "mismatch")
+
+
+def sglang_seeded_sampler():
+    """SGLang's ``multinomial_with_seed`` as its eager function (the decorator's torch.compile
+    is only speed). InputError when SGLang is not importable."""
+    try:
+        from sglang.srt.layers.sampler import multinomial_with_seed
+    except Exception as exc:  # any import failure means the same to the user
+        raise InputError(f"seeded rows diverge and judging them needs SGLang's sampler; "
+                         f"import failed: {type(exc).__name__}: {exc}") from None
+    return getattr(multinomial_with_seed, "_torchdynamo_orig_callable", multinomial_with_seed)
+
+
 def _reference_record(serve: dict, reference: str, backend: str) -> tuple[str, dict] | None:
     """The reference mode's record for ``backend``: a key or mode equal to ``reference``
     (``none``, ``none@flashinfer``) or its label; the same backend preferred."""
@@ -210,12 +346,13 @@ def find_divergences(
     return divs, identical
 
 
-def summarise(judged: list[Judged], identical: dict[str, dict[str, int]]) -> dict:
-    """Per mode and kind: identical / numerics / mismatch counts; ``lossless_explained``."""
-    per: dict[str, dict[str, dict[str, int]]] = {
-        m: {k: {"identical": n, "numerics": 0, "mismatch": 0} for k, n in kinds.items()}
-        for m, kinds in identical.items()
-    }
+def summarise(judged: list, identical: dict[str, dict[str, int]]) -> dict:
+    """Per mode and kind (greedy, greedy_parallel, seeded): identical / numerics / mismatch
+    counts; ``lossless_explained``."""
+    per: dict[str, dict[str, dict[str, int]]] = {}
+    for m, kinds in identical.items():
+        for k, n in kinds.items():
+            per.setdefault(m, {})[k] = {"identical": n, "numerics": 0, "mismatch": 0}
     for j in judged:
         per[j.mode][j.kind][j.verdict] += 1
     mismatches = sum(c["mismatch"] for kinds in per.values() for c in kinds.values())
@@ -283,14 +420,16 @@ def evidence(
 
 
 def merge_serves(docs: list[dict]) -> dict:
-    """One results object whose ``serve`` holds every file's modes (the same pair served in
-    several calls: the reference from one, the other modes from the next). A mode key seen in
-    an earlier file gets ``#<file number>`` appended, so nothing is dropped. Pure."""
-    serve: dict = {}
+    """One results object whose ``serve`` (and ``seeded``) hold every file's modes (the same
+    pair served in several calls: the reference from one, the other modes from the next). A
+    mode key seen in an earlier file gets ``#<file number>`` appended, so nothing is dropped.
+    Pure."""
+    merged: dict = {"serve": {}, "seeded": {}}
     for n, doc in enumerate(docs, start=1):
-        for key, rec in doc["serve"].items():
-            serve[key if key not in serve else f"{key}#{n}"] = rec
-    return {"serve": serve}
+        for group in merged:
+            for key, rec in (doc.get(group) or {}).items():
+                merged[group][key if key not in merged[group] else f"{key}#{n}"] = rec
+    return merged
 
 
 def _read_inputs(pair: Path, results_paths: list[Path]) -> tuple[dict, list[list[int]]]:
@@ -330,11 +469,19 @@ def run(args) -> dict:
         divs, identical = find_divergences(results, prompts, args.reference)
     except ValueError as exc:
         raise InputError(str(exc)) from None
-    prefixes = list(dict.fromkeys(d.prefix for d in divs))
+    try:
+        sdivs, sidentical, unjudged = find_seeded_divergences(results, prompts)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    seeded = sglang_seeded_sampler() if sdivs else None
+    prefixes = list(dict.fromkeys([d.prefix for d in divs] + [d.prefix for d in sdivs]))
     t0 = time.perf_counter()
     ev = evidence(args.pair / "target", prefixes, args.device, args.batch) if prefixes else {}
     seconds = time.perf_counter() - t0
     judged = [judge(d, ev[d.prefix]) for d in divs]
+    judged += [judge_seeded(d, ev[d.prefix], seeded) for d in sdivs]
+    for m, kinds in sidentical.items():
+        identical.setdefault(m, {}).update(kinds)
     rep = {
         "pair": str(args.pair),
         "results": [str(r) for r in args.results],
@@ -342,8 +489,11 @@ def run(args) -> dict:
         "device": args.device,
         "top_eps": TOP_EPS,
         "rule": "numerics iff gap <= 2 * eps",
+        "seeded_rule": "numerics iff the seeded sampler draws both a and b from the fp32 logits "
+                       f"within eps (fp32, bf16, a/b pushed eps apart, {SEEDED_DRAWS} noisy)",
         "summary": summarise(judged, identical)
-        | {"forwards": len(prefixes), "forward_seconds": round(seconds, 2)},
+        | {"forwards": len(prefixes), "forward_seconds": round(seconds, 2),
+           "seeded_unjudged": unjudged},
         "divergences": [asdict(j) for j in judged],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

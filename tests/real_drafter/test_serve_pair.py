@@ -222,6 +222,9 @@ def test_serve_pair_every_step_kind(pair, tmp_path):
                     for c in (1, 8, 32)}
     seeded = res["seeded"]["seeded:ddtree:16"]
     assert seeded["summary"]["all_identical"] is True and seeded["summary"]["prompts"] == 2
+    row = seeded["rows"][1]  # what tie_margin needs to judge a seeded divergence
+    assert row["params"] == {"temperature": 0.8, "top_p": 0.95, "sampling_seed": 1001}
+    assert row["output"] == row["reference"] and len(row["output"]) == 256
     assert "--enable-deterministic-inference" in \
         json.loads((out / "config-seeded-ddtree-16-triton.json").read_text())["extraArgs"]
     levels = res["profile"]["profile:dflash"]["levels"]

@@ -249,3 +249,163 @@ def test_cli_bad_input_one_line(toy, tmp_path):  # noqa: F811
         assert r.stderr.strip().count("\n") == 0 and needle in r.stderr, r.stderr
         assert r.stderr.startswith("tie_margin: ")
     assert not Path(out).exists()
+
+
+# ---- seeded T > 0 --------------------------------------------------------------------------
+
+
+def toy_seeded(logprobs, seeds, positions):
+    """A stand-in for SGLang's ``multinomial_with_seed``: Gumbel-max over a hash of (seed,
+    position, column), the same keys (the CLI test below uses the real one)."""
+    m = logprobs.shape[1]
+    cols = torch.arange(m, dtype=torch.int64).view(1, -1)
+    h = (seeds.view(-1, 1).long() * 0x9E3779B1 + positions.view(-1, 1).long() * 0x85EBCA77
+         + cols * 0xC2B2AE3D) & 0xFFFFFFFF
+    for shift, mul in ((16, 0x7FEB352D), (15, 0x846CA68B), (16, 1)):
+        h = ((h ^ (h >> shift)) * mul) & 0xFFFFFFFF
+    u = (h.double() + 0.5) / 2**32
+    return (logprobs.double() - torch.log(-torch.log(u))).argmax(-1, keepdim=True)
+
+
+def _sdiv(a, b, prefix=(3, 4), seed=1000, top_p=0.95):
+    return tm.SeededDivergence(mode="seeded:dflash", backend="triton", prompt=0, position=0,
+                               prefix=prefix, a=a, b=b, temperature=0.8, top_p=top_p, seed=seed)
+
+
+def test_find_seeded_divergences_keeps_params_and_counts_old_rows():
+    prompts = [[7, 8], [9], [10]]
+    row = {"params": {"temperature": 0.8, "top_p": 0.95, "sampling_seed": 1001}}
+    results = {"seeded": {
+        "seeded:dflash": {"backend": "triton", "rows": [
+            {**row, "output": [1, 2], "reference": [1, 2]},
+            {**row, "output": [4, 5, 0], "reference": [4, 5, 6]},
+            {"identical": False, "first_diff": 0},  # a results.json from before outputs were kept
+        ]},
+        "seeded:ddtree:16": {"skipped": "time budget: 21s left"},
+    }}
+    divs, ident, unjudged = tm.find_seeded_divergences(results, prompts)
+    (d,) = divs
+    assert (d.mode, d.prompt, d.position, d.prefix, d.a, d.b) == (
+        "seeded:dflash", 1, 2, (9, 4, 5), 6, 0)
+    assert (d.temperature, d.top_p, d.seed) == (0.8, 0.95, 1001)
+    assert ident == {"seeded:dflash": {"seeded": 1}} and unjudged == 1
+    with pytest.raises(ValueError, match="only 1 prompts"):
+        tm.find_seeded_divergences(results, prompts[:1])
+
+
+def test_judge_seeded_rank_swap_within_eps_is_numerics_and_a_far_token_is_not():
+    # tokens 2 and 5 nearly tied in fp32; bf16 moved them by 1e-3, more than their gap: the
+    # sorted order (which the sampler's hash keys on) can go either way, so either may be drawn
+    l32 = [-9.0] * 10
+    l32[2], l32[5] = 3.0, 3.0 + 1e-4
+    l16 = list(l32)
+    l16[2] += 1e-3
+    # which of the two the sampler draws depends on their order, so find a seed where the
+    # two orders give the two tokens (most seeds do: each order picks the same rank)
+    seed = next(s for s in range(1000, 1100)
+                if len({tm.judge_seeded(_sdiv(2, 5, seed=s), tm.Logits(l32, l16), toy_seeded)
+                        .draw32, tm.judge_seeded(_sdiv(2, 5, seed=s), tm.Logits(l16, l16),
+                                                 toy_seeded).draw32}) == 2)
+    j = tm.judge_seeded(_sdiv(2, 5, seed=seed), tm.Logits(l32, l16), toy_seeded)
+    assert j.verdict == "numerics" and j.hits_a > 0 and j.hits_b > 0
+    assert j.eps == pytest.approx(1e-3, rel=1e-3) and j.draws == 4 + tm.SEEDED_DRAWS
+    assert j.kind == "seeded" and j.prefix_len == 2
+    # token 9 is far below the top-p set whatever bf16 does: never drawn, a real bug
+    bad = tm.judge_seeded(_sdiv(2, 9, seed=seed), tm.Logits(l32, l16), toy_seeded)
+    assert bad.verdict == "mismatch" and bad.hits_b == 0
+    # one output shorter: no draw explains it
+    short = tm.judge_seeded(_sdiv(None, 5, seed=seed), tm.Logits(l32, l16), toy_seeded)
+    assert short.verdict == "mismatch" and short.draws == 2 + tm.SEEDED_DRAWS
+
+
+def test_judge_seeded_clear_order_is_a_mismatch():
+    # 2 and 5 far apart and bf16 exact: the order never changes, only one token is drawn
+    l32 = [-9.0] * 10
+    l32[2], l32[5] = 3.0, 2.0
+    j = tm.judge_seeded(_sdiv(2, 5), tm.Logits(l32, l32), toy_seeded)
+    assert j.eps == 0.0 and j.verdict == "mismatch"
+    assert (j.hits_a == 0) != (j.hits_b == 0)  # exactly one of them is what the sampler draws
+
+
+def test_summary_counts_seeded_rows_beside_greedy():
+    ident = {"seeded:dflash": {"seeded": 2}, "dflash": {"greedy": 3}}
+    l32 = [-9.0] * 10
+    l32[2] = 3.0
+    j = tm.judge_seeded(_sdiv(2, 9), tm.Logits(l32, l32), toy_seeded)
+    s = tm.summarise([j], ident)
+    assert s["per_mode"]["seeded:dflash"]["seeded"] == {"identical": 2, "numerics": 0,
+                                                        "mismatch": 1}
+    assert s["mismatches"] == 1 and s["lossless_explained"] is False
+
+
+def _seeded_reference(m32, prompts: list[list[int]], n: int) -> list[list[int]]:
+    """Seeded T > 0 continuations of the toy target, each token drawn by ``seeded_node_targets``
+    with the stand-in sampler from the fp32 logits (position = prefix length - 1, seed 1000 + i,
+    T 0.8, top-p 0.95): what a seeded no-speculation server would emit."""
+    from sglang_dflash.sglang_overlay.verify import seeded_node_targets
+
+    outs = []
+    for i, p in enumerate(prompts):
+        out: list[int] = []
+        for _ in range(n):
+            prefix = p + out
+            row = torch.tensor(tm.next_logits(m32, [tuple(prefix)], "cpu", batch=1)[0])
+            tok = seeded_node_targets(row.view(1, -1), 1, torch.tensor([0.8]),
+                                      torch.tensor([1000 + i]), torch.tensor([len(prefix) - 1]),
+                                      toy_seeded, top_ps=torch.tensor([0.95]))
+            out.append(int(tok.view(-1)[0]))
+        outs.append(out)
+    return outs
+
+
+def test_cli_seeded(toy, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """``main`` on the toy pair with the stand-in in place of SGLang's sampler (whose murmur
+    hash is a CUDA-only Triton kernel; the GPU host runs the real one): a seeded reference; one
+    seeded mode identical, one leaving it for the lowest-logit token at SWAP_AT."""
+    pair, _ = toy
+    prompts = [json.loads(x)["input_ids"]
+               for x in (pair / "prompts.jsonl").read_text().splitlines()][:2]
+    m32, _ = tm.load_targets(pair / "target", "cpu")
+    ref = _seeded_reference(m32, prompts, NEW)
+    row = tm.next_logits(m32, [tuple(prompts[1] + ref[1][:SWAP_AT])], "cpu", batch=1)[0]
+    worst = min(range(len(row)), key=lambda i: row[i])
+    bad = ref[1][:SWAP_AT] + [worst] + [3] * (NEW - SWAP_AT - 1)
+
+    def rows(outs):
+        pairs = enumerate(zip(outs, ref, strict=True))
+        return [{"params": {"temperature": 0.8, "top_p": 0.95, "sampling_seed": 1000 + i},
+                 "output": o, "reference": r} for i, (o, r) in pairs]
+
+    results = {"serve": {"none": _rec("none", "triton", ref, ref)},
+               "seeded": {"seeded:dflash": {"backend": "triton", "rows": rows([ref[0], bad])},
+                          "seeded:ddtree:16": {"backend": "triton", "rows": rows(ref)}}}
+    rpath, out = tmp_path / "results.json", tmp_path / "tie.json"
+    rpath.write_text(json.dumps(results))
+    monkeypatch.setattr(tm, "sglang_seeded_sampler", lambda: toy_seeded)
+    assert tm.main(["--pair", str(pair), "--results", str(rpath), "--out", str(out),
+                    "--device", "cpu"]) == 0
+    rep = json.loads(out.read_text())
+    per = rep["summary"]["per_mode"]
+    assert per["seeded:dflash"]["seeded"] == {"identical": 1, "numerics": 0, "mismatch": 1}
+    assert per["seeded:ddtree:16"]["seeded"] == {"identical": 2, "numerics": 0, "mismatch": 0}
+    assert rep["summary"]["lossless_explained"] is False and rep["summary"]["seeded_unjudged"] == 0
+    (d,) = rep["divergences"]
+    assert (d["kind"], d["prompt"], d["position"], d["b"]) == ("seeded", 1, SWAP_AT, worst)
+    # the reference's own token is what the sampler draws from the fp32 logits; the bug's never
+    assert d["draw32"] == ref[1][SWAP_AT] == d["a"] and d["hits_b"] == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["mismatches"] == 1
+
+
+def test_seeded_without_sglang_is_one_line(toy, tmp_path, monkeypatch, capsys):  # noqa: F811
+    pair, _ = toy
+    results = {"serve": {"none": _rec("none", "triton", [[1, 2]], [[1, 2]])},
+               "seeded": {"seeded:dflash": {"backend": "triton", "rows": [
+                   {"params": {"temperature": 0.8, "top_p": 0.95, "sampling_seed": 1000},
+                    "output": [1, 3], "reference": [1, 2]}]}}}
+    rpath, out = tmp_path / "results.json", tmp_path / "tie.json"
+    rpath.write_text(json.dumps(results))
+    monkeypatch.setitem(sys.modules, "sglang", None)  # `import sglang` fails, as on a bare host
+    assert tm.main(["--pair", str(pair), "--results", str(rpath), "--out", str(out),
+                    "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "needs SGLang's sampler" in err and not out.exists()
