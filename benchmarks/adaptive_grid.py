@@ -54,6 +54,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import gpu_e2e as e2e  # scripts/ is not a package
 
+from sglang_dflash.sglang_overlay import policy as overlay_policy
 from sglang_dflash.sglang_overlay import settings as overlay_settings
 
 NEW_TOKENS = 256
@@ -539,7 +540,9 @@ def server_config(opts: Opts, name: str, mode: Mode, environment: dict | None = 
         cfg |= {"draftModel": str(draft), "draftLoadFormat": "dummy",
                 "draftAttentionBackend": opts.backend}
     if mode.algorithm == "ddtree":
-        cfg["ddtree"] = {"budget": mode.budget, "policy": mode.policy}
+        policy = opts.settings.get("adaptive_policy", overlay_policy.POLICY_ADAPTIVE) \
+            if mode.adaptive else mode.policy
+        cfg["ddtree"] = {"budget": mode.budget, "policy": policy}
     if environment:
         cfg["environment"] = environment
     return cfg
@@ -1171,7 +1174,8 @@ def earlier_results(path: Path, settings: dict) -> dict | None:
         return None
     old = json.loads(path.read_text())
     if old.get("settings") != settings:
-        diff = sorted(k for k in settings if old.get("settings", {}).get(k) != settings[k])
+        before = old.get("settings", {})
+        diff = sorted(k for k in set(settings) | set(before) if before.get(k) != settings.get(k))
         raise UsageError(f"{path} was measured with other settings ({', '.join(diff)}); "
                          "use another --out")
     return old
@@ -1196,6 +1200,10 @@ def build_parser() -> Parser:
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--adaptive-budget", type=int, default=64,
                     help="ddtree-adaptive's largest budget")
+    ap.add_argument("--adaptive-policy", default=overlay_policy.POLICY_ADAPTIVE,
+                    help="the ddtree-adaptive server's ddtree.policy: adaptive (the auto "
+                         "schedule), adaptive:auto:<token cap> or adaptive:<schedule> (a "
+                         "schedule experiment: give it its own --out)")
     ap.add_argument("--nodraft-steps", default=str(overlay_settings.DEFAULT_NODRAFT_STEPS),
                     help="decode steps of the adaptive server's no-draft round "
                     "(SGLANG_DFLASH_DDTREE_NODRAFT_STEPS, 1..64, default "
@@ -1236,6 +1244,14 @@ def setup(args: argparse.Namespace, argv: list[str]) -> Grid:
         raise UsageError(f"--nodraft-steps: {exc}") from None
     if args.adaptive_budget < 1:
         raise UsageError("--adaptive-budget must be >= 1")
+    try:  # the servers' own parser: a schedule it refuses never reaches a server
+        spec = overlay_policy.parse_policy(args.adaptive_policy, args.adaptive_budget,
+                                           "--adaptive-policy")
+    except overlay_policy.PolicyError as exc:
+        raise UsageError(str(exc)) from None
+    if not spec.adaptive:
+        raise UsageError(f"--adaptive-policy {args.adaptive_policy!r}: not an adaptive policy "
+                         "(the fixed budgets are the ddtree-<N> modes)")
     levels = parse_levels(args.levels)
     regimes = parse_regimes(args.regimes)
     modes = [parse_mode(m, args.adaptive_budget) for m in parse_list(args.modes, "modes")]
@@ -1255,6 +1271,8 @@ def setup(args: argparse.Namespace, argv: list[str]) -> Grid:
                 "prompts_per_regime": args.prompts_per_regime, "seed": args.seed,
                 "adaptive_budget": args.adaptive_budget, "vocab": target_cfg["vocab_size"],
                 "nodraft_steps": nodraft_steps}
+    if args.adaptive_policy != overlay_policy.POLICY_ADAPTIVE:  # earlier grids resume as they were
+        settings["adaptive_policy"] = args.adaptive_policy
     earlier_results(out / "results.json", settings)  # before anything under --out changes
     opts = Opts(out=out, env=env, clock=e2e.Clock(args.time_budget_s),
                 models=e2e.write_models(out / "models", target_cfg, draft_cfg),

@@ -532,6 +532,9 @@ def test_time_budget_skips_a_server_rather_than_cutting_it(tmp_path):
     (["--levels", "1,x"], "--levels"),
     (["--no-such-flag"], "--no-such-flag"),
     (["--nodraft-steps", "0"], "--nodraft-steps"),
+    (["--adaptive-policy", "fixed"], "not an adaptive policy"),
+    (["--adaptive-policy", "adaptive:auto:x"], "token cap is not an integer"),
+    (["--adaptive-policy", "adaptive:1:0,7"], "no range lists the server's budget N=64"),
 ])
 def test_bad_flags_exit_2_with_one_line(tmp_path, flags, words):
     r = _run("--out", str(tmp_path / "o"), *flags)
@@ -773,3 +776,29 @@ def test_the_request_timeline_keeps_when_each_request_ran():
     assert t["rows"] == [[0.0, 0.132, 1.347, 256], [0.512, 0.528, 1.577, 256],
                          [None, None, None, 0]]
     assert len(json.dumps(t)) < 200
+
+
+def test_adaptive_policy_reaches_the_adaptive_server_only_and_pins_the_out(tmp_path):
+    """--adaptive-policy (a schedule experiment) goes into the adaptive server's ddtree.policy,
+    the fixed modes keep theirs, and an --out measured under another policy is refused."""
+    out = tmp_path / "o"
+    argv = ["--out", str(out), "--site", str(REPO / "src"), *TINY,
+            "--adaptive-policy", "adaptive:auto:520"]
+    g = grid.setup(grid.build_parser().parse_args(argv), argv)
+    by_label = {m.label: m for m in g.opts.modes}
+    adaptive = grid.server_config(g.opts, "a", by_label["ddtree-adaptive"])
+    fixed = grid.server_config(g.opts, "f", by_label["ddtree-8"])
+    assert adaptive["ddtree"] == {"budget": 64, "policy": "adaptive:auto:520"}
+    assert fixed["ddtree"] == {"budget": 8, "policy": "fixed"}
+    assert g.opts.settings["adaptive_policy"] == "adaptive:auto:520"
+    g.save()
+    plain = ["--out", str(out), "--site", str(REPO / "src"), *TINY]
+    with pytest.raises(grid.UsageError, match=r"other settings \(adaptive_policy\)"):
+        grid.setup(grid.build_parser().parse_args(plain), plain)
+    # the default policy leaves the settings as before (earlier grids still resume)
+    other = tmp_path / "p"
+    plain[1] = str(other)
+    g2 = grid.setup(grid.build_parser().parse_args(plain), plain)
+    assert "adaptive_policy" not in g2.opts.settings
+    assert grid.server_config(g2.opts, "a", by_label["ddtree-adaptive"])["ddtree"] == {
+        "budget": 64, "policy": "adaptive"}
