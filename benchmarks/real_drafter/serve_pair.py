@@ -467,9 +467,9 @@ def served_rows(serves: dict) -> list[dict]:
 
 
 def done_modes(paths: list[Path]) -> set[str]:
-    """The modes earlier results.json files finished (served or seeded, neither skipped nor
-    failed); a missing file is a call that never got there (nothing done), a broken one a
-    one-line ValueError."""
+    """The modes earlier results.json files finished: a served mode whose server became ready,
+    a seeded one with its rows, neither skipped nor failed. A missing file is a call that never
+    got there (nothing done), a broken one a one-line ValueError."""
     done: set[str] = set()
     for path in paths:
         if not path.exists():
@@ -477,9 +477,12 @@ def done_modes(paths: list[Path]) -> set[str]:
         try:
             res = json.loads(path.read_text())
             errors = res.get("errors", {})
-            for group in ("serve", "seeded"):
+            finished = {"serve": lambda r: r.get("ready_seconds"),
+                        "seeded": lambda r: r.get("rows")}
+            for group, ok in finished.items():
                 done |= {m for m, rec in res.get(group, {}).items()
-                         if m not in errors and "skipped" not in rec and "error" not in rec}
+                         if m not in errors and "skipped" not in rec and "error" not in rec
+                         and ok(rec)}
         except (OSError, ValueError, AttributeError) as exc:
             raise ValueError(f"--skip-done {path}: not a serve_pair results.json ({exc})") \
                 from None

@@ -397,16 +397,22 @@ def test_skip_done_leaves_out_what_an_earlier_call_finished(pair, tmp_path):
     first = tmp_path / "first" / "results.json"
     first.parent.mkdir()
     first.write_text(json.dumps({
-        "serve": {"none": {"label": "none"}, "ddtree:8": {"skipped": "time budget: 3s left"},
-                  "ddtree:32": {"label": "ddtree-32"}},
-        "seeded": {"seeded:dflash": {"summary": {}}}, "errors": {"ddtree:32": "boom"}}))
+        "serve": {"none": {"label": "none", "ready_seconds": 31.0},
+                  "ddtree:8": {"skipped": "time budget: 3s left"},
+                  "ddtree:32": {"label": "ddtree-32", "ready_seconds": 38.1},
+                  "ddtree:64": {"label": "ddtree-64", "ready_seconds": None}},  # never ready
+        "seeded": {"seeded:dflash": {"rows": [{"identical": True}]},
+                   "seeded:ddtree:16": {"error": "the seeded no-speculation server gave no "
+                                                  "outputs"}},
+        "errors": {"ddtree:32": "boom"}}))
     out = tmp_path / "out"
     r = _run(pair, out, "--skip-done", str(first), "--skip-done", str(tmp_path / "never.json"),
-             "none", "ddtree:8", "ddtree:32", "seeded:dflash")
+             "none", "ddtree:8", "ddtree:32", "ddtree:64", "seeded:dflash", "seeded:ddtree:16")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "done earlier, not run: none seeded:dflash" in r.stdout
     res = json.loads((out / "results.json").read_text())
-    assert list(res["serve"]) == ["ddtree:8", "ddtree:32"] and not res["seeded"]
+    assert list(res["serve"]) == ["ddtree:8", "ddtree:32", "ddtree:64"]
+    assert list(res["seeded"]) == ["seeded:ddtree:16"]
 
 
 def test_skip_done_broken_file_one_line(pair, tmp_path):
