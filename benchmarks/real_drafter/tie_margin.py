@@ -180,6 +180,21 @@ class SeededDivergence:
     temperature: float
     top_p: float
     seed: int
+    top_k: int = -1  # -1: every token (SGLang's default)
+
+
+# The sampling fields SGLang takes from the model's generation_config.json when a request leaves
+# them out (ModelConfig.get_default_sampling_params, sampling_defaults "model"); the judge models
+# temperature, top-p and top-k, and refuses a pair whose defaults set the others.
+MODEL_SAMPLING_DEFAULTS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p")
+JUDGED_SAMPLING = ("temperature", "top_k", "top_p", "sampling_seed")
+
+
+def sampling_defaults(generation_config: dict) -> dict:
+    """What SGLang's servers add to a request from the pair's generation_config.json: its
+    sampling fields that are set (transformers 5 writes none for the trained pair). Pure."""
+    return {k: generation_config[k] for k in MODEL_SAMPLING_DEFAULTS
+            if generation_config.get(k) is not None}
 
 
 @dataclass(frozen=True)
@@ -204,11 +219,14 @@ class SeededJudged:
 
 
 def find_seeded_divergences(
-    results: dict, prompts: list[list[int]]
+    results: dict, prompts: list[list[int]], defaults: dict | None = None
 ) -> tuple[list[SeededDivergence], dict[str, dict[str, int]], int]:
     """Every seeded row that differs from its reference output, per mode the identical count,
     and how many rows could not be judged (a results.json from before rows kept outputs).
-    Pure; ValueError for a row whose prompt index is past prompts.jsonl."""
+    ``defaults``: ``sampling_defaults`` of the pair, under each row's own parameters. Pure;
+    ValueError for a row whose prompt index is past prompts.jsonl or whose sampling the judge
+    does not model (repetition penalty, min-p)."""
+    defaults = defaults or {}
     divs: list[SeededDivergence] = []
     identical: dict[str, dict[str, int]] = {}
     unjudged = 0
@@ -228,13 +246,18 @@ def find_seeded_divergences(
             if p is None:
                 count += 1
                 continue
-            prm = row["params"]
+            prm = defaults | row["params"]
+            extra = sorted(k for k in prm if k not in JUDGED_SAMPLING
+                           and prm[k] not in (None, 0.0, 1.0))
+            if extra:
+                raise ValueError(f"{key} row {i} samples with {', '.join(extra)}: the seeded "
+                                 "judge models temperature, top-k and top-p only")
             divs.append(SeededDivergence(
                 mode=key, backend=rec.get("backend", ""), prompt=i, position=p,
                 prefix=tuple(prompts[i]) + tuple(ref[:p]),
                 a=ref[p] if p < len(ref) else None, b=out[p] if p < len(out) else None,
                 temperature=float(prm["temperature"]), top_p=float(prm.get("top_p", 1.0)),
-                seed=int(prm["sampling_seed"])))
+                seed=int(prm["sampling_seed"]), top_k=int(prm.get("top_k", -1))))
         identical.setdefault(key, {})[SEEDED_KIND] = count
     return divs, identical, unjudged
 
@@ -265,6 +288,7 @@ def judge_seeded(d: SeededDivergence, lg: Logits, seeded, draws: int = SEEDED_DR
     got = seeded_node_targets(
         logits, 1, torch.full((n,), d.temperature), torch.full((n,), d.seed, dtype=torch.int64),
         torch.full((n,), len(d.prefix) - 1, dtype=torch.int64), seeded,
+        top_ks=torch.full((n,), d.top_k, dtype=torch.int64) if d.top_k > 0 else None,
         top_ps=torch.full((n,), d.top_p) if d.top_p < 1.0 else None,
     ).view(-1).tolist()
     hits_a = sum(1 for t in got if t == d.a)
@@ -459,6 +483,18 @@ def _read_inputs(pair: Path, results_paths: list[Path]) -> tuple[dict, list[list
     return merge_serves(docs), prompts
 
 
+def _generation_config(pair: Path) -> dict:
+    """The target's generation_config.json ({} when absent); unreadable: InputError."""
+    path = pair / "target" / "generation_config.json"
+    if not path.is_file():
+        return {}
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: unreadable JSON: {exc}") from None
+    return doc if isinstance(doc, dict) else {}
+
+
 def run(args) -> dict:
     results, prompts = _read_inputs(args.pair, args.results)
     if args.device is None:
@@ -470,7 +506,8 @@ def run(args) -> dict:
     except ValueError as exc:
         raise InputError(str(exc)) from None
     try:
-        sdivs, sidentical, unjudged = find_seeded_divergences(results, prompts)
+        sdivs, sidentical, unjudged = find_seeded_divergences(
+            results, prompts, sampling_defaults(_generation_config(args.pair)))
     except ValueError as exc:
         raise InputError(str(exc)) from None
     seeded = sglang_seeded_sampler() if sdivs else None

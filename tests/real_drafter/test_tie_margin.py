@@ -293,6 +293,31 @@ def test_find_seeded_divergences_keeps_params_and_counts_old_rows():
         tm.find_seeded_divergences(results, prompts[:1])
 
 
+def test_model_sampling_defaults_go_under_the_request_and_unmodelled_ones_are_refused():
+    # what transformers 5 writes for the trained pair: no sampling field set
+    assert tm.sampling_defaults({"do_sample": False, "top_k": None}) == {}
+    assert tm.sampling_defaults({"top_k": 20, "top_p": 0.8, "eos_token_id": 0}) == {
+        "top_k": 20, "top_p": 0.8}
+    row = {"params": {"temperature": 0.8, "top_p": 0.95, "sampling_seed": 1000},
+           "output": [1, 3], "reference": [1, 2]}
+    results = {"seeded": {"seeded:dflash": {"backend": "triton", "rows": [row]}}}
+    (d,), _, _ = tm.find_seeded_divergences(results, [[7]], {"top_k": 20, "top_p": 0.5})
+    assert (d.top_k, d.top_p) == (20, 0.95)  # the request's top-p wins, the model's top-k adds
+    with pytest.raises(ValueError, match="samples with min_p"):
+        tm.find_seeded_divergences(results, [[7]], {"min_p": 0.1, "repetition_penalty": 1.0})
+
+
+def test_judge_seeded_top_k_cuts_what_the_sampler_may_draw():
+    # 2 and 5 near-tied, 2 ranked second: top-k 1 leaves only the leader, whatever the noise
+    l32 = [-9.0] * 10
+    l32[2], l32[5] = 3.0, 3.0 + 1e-4
+    d = tm.SeededDivergence(mode="seeded:dflash", backend="triton", prompt=0, position=0,
+                            prefix=(3, 4), a=5, b=2, temperature=0.8, top_p=1.0, seed=1000,
+                            top_k=1)
+    j = tm.judge_seeded(d, tm.Logits(l32, l32), toy_seeded)
+    assert j.draw32 == 5 and j.hits_b == 0 and j.verdict == "mismatch"
+
+
 def test_judge_seeded_rank_swap_within_eps_is_numerics_and_a_far_token_is_not():
     # tokens 2 and 5 nearly tied in fp32; bf16 moved them by 1e-3, more than their gap: the
     # sorted order (which the sampler's hash keys on) can go either way, so either may be drawn
