@@ -137,9 +137,11 @@ def test_server_dying_mid_run_stops_with_one_line(standin_server, tmp_path):
     assert r.returncode == 1
     err = one_line_error(r.stderr)
     assert "stopped at concurrency 1 after 4 completed requests" in err
-    # the reason is named: refused or reset, or (if the dying server had accepted the
-    # next request) a stream that ended early
-    assert re.search(r"Connection\w*Error|RemoteDisconnected|stream ended before", err), err
+    # the reason is named: refused or reset, a pipe broken while the request was being sent
+    # (the server closed mid-send: seen on a loaded CI machine), or (if the dying server had
+    # accepted the next request) a stream that ended early
+    assert re.search(r"Connection\w*Error|BrokenPipeError|RemoteDisconnected|stream ended before",
+                     err), err
     doc = json.loads(out.read_text())
     assert [x["ok"] for x in doc["records"]] == [True] * 4 + [False]
     assert doc["configs"][0]["error"].startswith("stopped at concurrency 1")
