@@ -375,6 +375,29 @@ def test_warmup_wave_sends_one_unrecorded_wave_per_level(standin_server, tmp_pat
     assert _requests_served(url) - before == 2 + 2 + 1 + 3  # but were sent: 1, then 3
 
 
+def test_warmup_waves_send_k_waves_in_one_closed_loop_and_report_them(standin_server,
+                                                                         tmp_path):
+    url = standin_server("--enable-metrics")
+    before = _requests_served(url)
+    out = tmp_path / "out.json"
+    r = bench("--url", url, "--num-prompts", "2", "--max-new-tokens", "8", "--warmup", "0",
+              "--warmup-waves", "2", "--concurrency", "1,3", "--json", str(out), "--quiet")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    assert [s["requests"] for s in doc["summaries"]] == [2, 2]  # the waves are not recorded
+    assert _requests_served(url) - before == 2 + 2 + 2 * 1 + 2 * 3  # but were sent: 2x1, 2x3
+    # ...and reported apart, per level: a first-use pause stays visible
+    assert [(w["concurrency"], w["requests"], w["ok"]) for w in doc["warmups"]] == [
+        (1, 2, 2), (3, 6, 6)]
+    assert all(w["ttft_p50"] is not None for w in doc["warmups"])
+
+
+def test_warmup_waves_negative_is_one_line(tmp_path):
+    r = bench("--url", "http://127.0.0.1:9", "--warmup-waves", "-1", "--quiet")
+    assert r.returncode == 2
+    assert "--warmup-waves -1: must not be negative" in one_line_error(r.stderr)
+
+
 def test_warmup_wave_failure_is_one_line(standin_server, tmp_path):
     url = standin_server(STANDIN_DIE_AFTER_REQUESTS="1")
     r = bench("--url", url, "--num-prompts", "2", "--max-new-tokens", "8", "--warmup", "0",

@@ -73,7 +73,7 @@ def best_table(best: Sequence[Best]) -> str:
 def document(*, machine: dict[str, str], argv: Sequence[str], interrupted: bool, baseline: str,
              configs: Sequence[ConfigResult], summaries: Sequence[Summary],
              comparisons: Sequence[Comparison], records: Sequence[RequestRecord],
-             best: Sequence[Best] = ()) -> dict:
+             best: Sequence[Best] = (), warmups: Sequence[Summary] = ()) -> dict:
     """The --json document: everything needed to recompute the tables, and where it ran."""
     return {
         "schema": SCHEMA,
@@ -86,6 +86,7 @@ def document(*, machine: dict[str, str], argv: Sequence[str], interrupted: bool,
         "comparison": [asdict(c) for c in comparisons],
         "best": [asdict(b) for b in best],
         "records": [asdict(r) for r in records],
+        "warmups": [asdict(w) for w in warmups],  # the unrecorded warm-up waves, per level
     }
 
 

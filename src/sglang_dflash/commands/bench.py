@@ -110,6 +110,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "its concurrency C: what a server does the first time it sees a "
                         "batch size (a lazy compile, a new graph) stays out of the steady "
                         "state the level measures")
+    w.add_argument("--warmup-waves", type=int, default=0, metavar="K",
+                   help="K unrecorded waves (K x C requests in one closed loop) before each "
+                        "level: from the second wave on requests arrive as others end, so a "
+                        "server's first split admission is warmed up too (--warmup-wave = 1)")
     w.add_argument("--request-timeout", type=float, default=300.0, metavar="S",
                    help="bound on each whole request (default 300)")
     w.add_argument("--connect-timeout", type=float, default=5.0, metavar="S",
@@ -249,6 +253,8 @@ def check_numbers(args: argparse.Namespace) -> None:
         raise UsageError("--temperature must not be negative")
     if args.warmup < 0:
         raise UsageError("--warmup must not be negative")
+    if args.warmup_waves < 0:
+        raise UsageError(f"--warmup-waves {args.warmup_waves}: must not be negative")
     for flag in ("request_timeout", "connect_timeout", "start_timeout"):
         v = getattr(args, flag)
         if v is not None and not v > 0:
@@ -300,6 +306,7 @@ class Run:
     summaries: list[Summary] = field(default_factory=list)
     records: list[RequestRecord] = field(default_factory=list)
     interrupted: bool = False
+    warmups: list[Summary] = field(default_factory=list)  # the unrecorded waves, per level
 
 
 @dataclass
@@ -323,9 +330,10 @@ class Bench:
             if err:
                 cres.error = server_gone() or err
                 return
+        waves = max(args.warmup_waves, 1 if args.warmup_wave else 0)
         for c in self.levels:
-            if args.warmup_wave:
-                err = self.warmup_wave(ep, plan, c, server_gone)
+            if waves:
+                err = self.warmup_wave(ep, plan, c, server_gone, waves)
                 if err:
                     cres.error = err
                     return
@@ -354,11 +362,14 @@ class Bench:
                                 f"{s.output_tokens_per_s or 0:.1f} out tok/s")
 
     def warmup_wave(self, ep: Endpoint, plan: Plan, c: int,
-                    server_gone: Callable[[], str | None]) -> str | None:
-        """One unrecorded wave of ``c`` requests at concurrency ``c``; the first error."""
-        wave = [self.prompts[i % len(self.prompts)] for i in range(c)]
+                    server_gone: Callable[[], str | None], waves: int = 1) -> str | None:
+        """``waves`` x ``c`` unrecorded requests at concurrency ``c`` (one closed loop); the
+        first error. Their summary goes to ``run.warmups``: a first-use pause shows there."""
+        wave = [self.prompts[i % len(self.prompts)] for i in range(waves * c)]
         level = run_level(ep, plan.label, wave, c, self.sampling, self.args.request_timeout,
                           server_gone=server_gone)
+        if level.records:
+            self.run.warmups.append(summarize(plan.label, c, level.records, level.duration_s))
         if level.interrupted:
             self.run.interrupted = True
             return "interrupted during the warm-up wave"
@@ -493,7 +504,8 @@ def finish(args: argparse.Namespace, plans: list[Plan], base_i: int, result: Run
     if args.json:
         doc = document(machine=machine(), argv=sys.argv, interrupted=result.interrupted,
                        baseline=baseline, configs=result.configs, summaries=result.summaries,
-                       comparisons=comparisons, records=result.records, best=best)
+                       comparisons=comparisons, records=result.records, best=best,
+                       warmups=result.warmups)
         try:
             tmp = Path(args.json + ".tmp")
             tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
