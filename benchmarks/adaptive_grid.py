@@ -201,11 +201,6 @@ class Mode:
         return "adaptive" if self.adaptive else "fixed"
 
 
-# Unrecorded waves of c requests before each level (bench --warmup-waves): steady state
-# starts after a server's first split admission at that c (§28).
-WARMUP_WAVES = 2
-
-
 def parse_mode(label: str, adaptive_budget: int) -> Mode:
     if label in ("none", "dflash"):
         return Mode(label, label)
@@ -812,7 +807,7 @@ class Grid:
     def bench(self, url: str, name: str, prompts: Path, mode: Mode, regime: str | None,
               c: int, first: bool) -> dict:
         """One `sglang-dflash bench` level: requests_per_level x c requests of 256 tokens, after
-        WARMUP_WAVES unrecorded waves of c (a server's first batch of a size pays one-time
+        e2e.WARMUP_WAVES unrecorded waves of c (a server's first batch of a size pays one-time
         costs, e.g. the 360-515 ms first-token stalls of §22's first c = 8 level; the second
         wave's requests arrive as others end, and §28's speculative servers paused ~0.39 s once
         at such a first split admission, after a one-wave warm-up)."""
@@ -822,7 +817,7 @@ class Grid:
                        str(self.opts.requests_per_level * c), "--max-new-tokens",
                        str(NEW_TOKENS), "--temperature", "0", "--ignore-eos", "--prompts",
                        str(prompts), "--warmup", "1" if first else "0", "--warmup-waves",
-                       str(WARMUP_WAVES),
+                       str(e2e.WARMUP_WAVES),
                        "--json", str(out), "--quiet"])
         self.command(cmd)
         res = e2e.sh(cmd, env=self.opts.env, timeout=max(30.0, min(600.0, left - 10)))

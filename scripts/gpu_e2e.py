@@ -112,6 +112,10 @@ LONG_TOKENS = GEN_TOKENS + BLOCK + 1
 BACKENDS = ("flashinfer", "triton")
 STEP_MIN_S = 100  # a server step needs start (~60 s warm) + requests + stop
 BENCH_MIN_S = 45
+# Unrecorded waves of c requests before each bench level (bench --warmup-waves; adaptive_grid
+# and real_drafter.serve_pair): steady state starts after a server's first split admission at
+# that c (gpu-results.md §28: each speculative server paused ~0.39 s there after one wave).
+WARMUP_WAVES = 2
 
 
 def sh(cmd: list[str], *, env: dict | None = None, timeout: float = 300) -> dict:

@@ -232,7 +232,8 @@ def bench_levels(opts, url: str, name: str, prompts: Path, per_level: int) -> li
             continue
         args = ["bench", "--url", url, "--concurrency", str(c), "--num-prompts",
                 str(per_level * c), "--max-new-tokens", str(NEW_TOKENS), "--prompts",
-                str(prompts), "--warmup-wave", "--json", str(out), "--quiet"]
+                str(prompts), "--warmup-waves", str(e2e.WARMUP_WAVES), "--json", str(out),
+                "--quiet"]
         res = e2e.sh(e2e.cli(args), env=opts.env, timeout=max(10.0, min(200.0, left - 15)))
         row: dict = {"concurrency": c, "rc": res["rc"], "seconds": res["seconds"]}
         if out.exists():
