@@ -263,9 +263,10 @@ def find_seeded_divergences(
 
 
 def judge_seeded(d: SeededDivergence, lg: Logits, seeded, draws: int = SEEDED_DRAWS,
-                 noise_seed: int = 0) -> SeededJudged:
+                 noise_seed: int = 0, device: str = "cpu") -> SeededJudged:
     """The seeded sampler's draws from this prefix's logits within bf16's error (see the module
-    docstring). ``seeded`` is SGLang's ``multinomial_with_seed`` (a stand-in in CPU tests)."""
+    docstring). ``seeded`` is SGLang's ``multinomial_with_seed`` (a stand-in in CPU tests),
+    which hashes with a CUDA-only Triton kernel: the draws run on ``device``, the forwards'."""
     import torch
 
     from sglang_dflash.sglang_overlay.verify import seeded_node_targets
@@ -283,7 +284,7 @@ def judge_seeded(d: SeededDivergence, lg: Logits, seeded, draws: int = SEEDED_DR
             rows.append(r)
     gen = torch.Generator().manual_seed(noise_seed)
     noise = (torch.rand((draws, l32.numel()), generator=gen) * 2 - 1) * eps
-    logits = torch.cat([torch.stack(rows), l32.unsqueeze(0) + noise])
+    logits = torch.cat([torch.stack(rows), l32.unsqueeze(0) + noise]).to(device)
     n = logits.shape[0]
     got = seeded_node_targets(
         logits, 1, torch.full((n,), d.temperature), torch.full((n,), d.seed, dtype=torch.int64),
@@ -516,7 +517,7 @@ def run(args) -> dict:
     ev = evidence(args.pair / "target", prefixes, args.device, args.batch) if prefixes else {}
     seconds = time.perf_counter() - t0
     judged = [judge(d, ev[d.prefix]) for d in divs]
-    judged += [judge_seeded(d, ev[d.prefix], seeded) for d in sdivs]
+    judged += [judge_seeded(d, ev[d.prefix], seeded, device=args.device) for d in sdivs]
     for m, kinds in sidentical.items():
         identical.setdefault(m, {}).update(kinds)
     rep = {

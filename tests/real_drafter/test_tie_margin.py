@@ -406,7 +406,13 @@ def test_cli_seeded(toy, tmp_path, monkeypatch, capsys):  # noqa: F811
                           "seeded:ddtree:16": {"backend": "triton", "rows": rows(ref)}}}
     rpath, out = tmp_path / "results.json", tmp_path / "tie.json"
     rpath.write_text(json.dumps(results))
-    monkeypatch.setattr(tm, "sglang_seeded_sampler", lambda: toy_seeded)
+    seen = set()
+
+    def sampler(logprobs, seeds, positions):  # the draws run where the forwards ran
+        seen.add((logprobs.device.type, seeds.device.type, positions.device.type))
+        return toy_seeded(logprobs, seeds, positions)
+
+    monkeypatch.setattr(tm, "sglang_seeded_sampler", lambda: sampler)
     assert tm.main(["--pair", str(pair), "--results", str(rpath), "--out", str(out),
                     "--device", "cpu"]) == 0
     rep = json.loads(out.read_text())
@@ -419,6 +425,7 @@ def test_cli_seeded(toy, tmp_path, monkeypatch, capsys):  # noqa: F811
     # the reference's own token is what the sampler draws from the fp32 logits; the bug's never
     assert d["draw32"] == ref[1][SWAP_AT] == d["a"] and d["hits_b"] == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["mismatches"] == 1
+    assert seen == {("cpu", "cpu", "cpu")}
 
 
 def test_seeded_without_sglang_is_one_line(toy, tmp_path, monkeypatch, capsys):  # noqa: F811
