@@ -526,6 +526,14 @@ class Opts:
     settings: dict = field(default_factory=dict)
 
 
+def server_policy(opts: Opts, mode: Mode) -> str | None:
+    """The ddtree.policy a DDTree mode's server runs (and check --url expects): the adaptive
+    one's from --adaptive-policy, kept in the settings only when not the default."""
+    if mode.adaptive:
+        return opts.settings.get("adaptive_policy", overlay_policy.POLICY_ADAPTIVE)
+    return mode.policy
+
+
 def server_config(opts: Opts, name: str, mode: Mode, environment: dict | None = None) -> dict:
     extra = ["--sampling-backend", "pytorch", "--cuda-graph-max-bs", str(max(opts.levels)),
              "--cuda-graph-backend-prefill", "disabled"]
@@ -540,9 +548,7 @@ def server_config(opts: Opts, name: str, mode: Mode, environment: dict | None = 
         cfg |= {"draftModel": str(draft), "draftLoadFormat": "dummy",
                 "draftAttentionBackend": opts.backend}
     if mode.algorithm == "ddtree":
-        policy = opts.settings.get("adaptive_policy", overlay_policy.POLICY_ADAPTIVE) \
-            if mode.adaptive else mode.policy
-        cfg["ddtree"] = {"budget": mode.budget, "policy": policy}
+        cfg["ddtree"] = {"budget": mode.budget, "policy": server_policy(opts, mode)}
     if environment:
         cfg["environment"] = environment
     return cfg
@@ -796,7 +802,7 @@ class Grid:
         args = ["check", "--url", url, "--layer", "live", "--expect-algorithm", mode.algorithm]
         if mode.budget is not None:
             args += ["--expect-ddtree-budget", str(mode.budget),
-                     "--expect-ddtree-policy", mode.policy]
+                     "--expect-ddtree-policy", server_policy(self.opts, mode)]
         cmd = e2e.cli(args)
         self.command(cmd)
         res = e2e.sh(cmd, env=self.opts.env, timeout=120)

@@ -791,6 +791,9 @@ def test_adaptive_policy_reaches_the_adaptive_server_only_and_pins_the_out(tmp_p
     assert adaptive["ddtree"] == {"budget": 64, "policy": "adaptive:auto:520"}
     assert fixed["ddtree"] == {"budget": 8, "policy": "fixed"}
     assert g.opts.settings["adaptive_policy"] == "adaptive:auto:520"
+    # check --url expects what the server runs, not the default schedule
+    assert grid.server_policy(g.opts, by_label["ddtree-adaptive"]) == "adaptive:auto:520"
+    assert grid.server_policy(g.opts, by_label["ddtree-8"]) == "fixed"
     g.save()
     plain = ["--out", str(out), "--site", str(REPO / "src"), *TINY]
     with pytest.raises(grid.UsageError, match=r"other settings \(adaptive_policy\)"):
@@ -802,3 +805,22 @@ def test_adaptive_policy_reaches_the_adaptive_server_only_and_pins_the_out(tmp_p
     assert "adaptive_policy" not in g2.opts.settings
     assert grid.server_config(g2.opts, "a", by_label["ddtree-adaptive"])["ddtree"] == {
         "budget": 64, "policy": "adaptive"}
+
+
+def test_adaptive_policy_grid_runs_and_checks_the_schedule_it_set(tmp_path):
+    """End to end on the stand-in: the adaptive server runs --adaptive-policy's schedule and
+    check --url passes against that schedule (budget 64 offered at bs 8: 8 x 65 = 520)."""
+    out = tmp_path / "o"
+    r = _run("--out", str(out), "--site", f"{STANDIN}{os.pathsep}{REPO / 'src'}", "--port",
+             str(_free_port()), "--levels", "1", "--requests-per-level", "4",
+             "--prompts-per-regime", "2", "--regimes", "absent", "--modes",
+             "none,ddtree-adaptive", "--adaptive-policy", "adaptive:auto:520")
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    checks = res["checks"]["ddtree-adaptive"]
+    (chk,) = checks.values() if isinstance(checks, dict) else checks
+    assert chk["rc"] == 0, chk
+    want = grid.overlay_policy.parse_policy("adaptive:auto:520", 64, "t").describe()
+    assert want != grid.overlay_policy.parse_policy("adaptive", 64, "t").describe()
+    assert f"policy {want} (budget 64)" in chk["policy_line"], chk["policy_line"]
+    assert "1:0,3,7,15,31,64;16:" in want  # budget 64 offered up to bs 15 (8 x 65 = 520)
