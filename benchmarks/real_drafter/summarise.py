@@ -103,7 +103,17 @@ def seeded(results: list[dict]) -> dict:
     return out
 
 
-def plot(rows: list[dict], png: Path) -> None:
+def tie_verdict(tie: dict) -> dict:
+    """``real_drafter.tie_margin``'s verdict, as the summary carries it: token identity cannot
+    judge losslessness on real weights (bf16 near-ties flip), the tie margin can."""
+    s = tie["summary"]
+    return {k: s.get(k) for k in ("lossless_explained", "divergences", "mismatches",
+                                  "seeded_unjudged", "per_mode")} | {
+        "rule": tie.get("rule"), "seeded_rule": tie.get("seeded_rule"),
+        "reference": tie.get("reference")}
+
+
+def plot(rows: list[dict], png: Path, machine: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -124,7 +134,9 @@ def plot(rows: list[dict], png: Path) -> None:
     ax.set_xticks(range(len(levels)), [f"c = {c}" for c in levels])
     ax.set_yscale("log")
     ax.set_ylabel("output tok/s (log)")
-    ax.set_title("Trained pair (29M Qwen3 + 3-layer DFlash), H200, Triton attention")
+    backends = "/".join(sorted({r["backend"] for r in rows}))
+    ax.set_title(f"Trained pair (29M Qwen3 + 3-layer DFlash), {backends} attention\n{machine}",
+                 fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
@@ -135,18 +147,26 @@ def main(argv=None) -> int:
     ap.add_argument("--report", type=Path, required=True)
     ap.add_argument("--results", type=Path, action="append", required=True)
     ap.add_argument("--raw", type=Path, action="append", default=[])
+    ap.add_argument("--tie", type=Path, help="real_drafter.tie_margin's output over the same "
+                    "results: its verdict goes into the summary")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--png", type=Path)
     ap.add_argument("--machine", required=True)
     ap.add_argument("--command", action="append", default=[])
     ap.add_argument("--note", action="append", default=[])
     args = ap.parse_args(argv)
-    for p in [args.report, *args.results, *args.raw]:
+    tie_paths = [args.tie] if args.tie else []
+    for p in [args.report, *args.results, *args.raw, *tie_paths]:
         if not p.is_file():
             print(f"summarise: {p}: no such file", file=sys.stderr)
             return 2
-    report = json.loads(args.report.read_text())
-    results = [json.loads(p.read_text()) for p in args.results]
+    try:
+        report = json.loads(args.report.read_text())
+        results = [json.loads(p.read_text()) for p in args.results]
+        tie = json.loads(args.tie.read_text()) if args.tie else None
+    except json.JSONDecodeError as exc:
+        print(f"summarise: unreadable JSON: {exc}", file=sys.stderr)
+        return 2
     rows = served_table(results)
     diffs = greedy_first_diffs(results)
     doc = {
@@ -164,6 +184,7 @@ def main(argv=None) -> int:
         "round_cost": round_cost(rows),
         "served_vs_offline": served_vs_offline(report, results),
         "seeded": seeded(results),
+        "tie_margin": tie_verdict(tie) if tie else None,
         "training": {"target_steps": report["target_train"]["steps"],
                      "target_stopped_early": report["target_train"]["stopped_early"],
                      "target_final_loss": round(report["target_train"]["losses"][-1], 4),
@@ -174,11 +195,13 @@ def main(argv=None) -> int:
         "notes": args.note,
         "commands": args.command,
         "machine": args.machine,
-        "raw_sha256": {p.name: _sha(p) for p in [args.report, *args.results, *args.raw]},
+        # keyed by the path as given: two calls' results are both results.json
+        "raw_sha256": {str(p): _sha(p) for p in [args.report, *args.results, *args.raw,
+                                                 *tie_paths]},
     }
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     if args.png:
-        plot(rows, args.png)
+        plot(rows, args.png, args.machine)
     return 0
 
 
