@@ -15,7 +15,7 @@ from sglang_dflash.ddtree.tree import build_tree  # noqa: E402
 from sglang_dflash.ddtree.walk import greedy_walk  # noqa: E402
 from sglang_dflash.sglang_overlay.verify import seeded_node_targets  # noqa: E402
 
-from .toy_models import OracleDrafter, TinyLM  # noqa: E402
+from .toy_models import OracleDrafter, TinyLM, toy_multinomial_with_seed  # noqa: E402
 
 BLOCK = 8  # B; L = B-1 drafted positions
 NEW_TOKENS = 40
@@ -99,20 +99,6 @@ def test_a_wrong_mask_breaks_losslessness():
     assert ddtree_decode(target, drafter, [prompt], 16)[0][0] == want
     got, _ = ddtree_decode(target, drafter, [prompt], 16, mask_fn=causal_flat)
     assert got[0] != want
-
-
-def toy_multinomial_with_seed(logprobs, seeds, positions):
-    """A stand-in for SGLang's ``multinomial_with_seed`` (which hashes seed, position and column
-    with murmur3): Gumbel-max over a hash of the same three keys. The probe against real SGLang
-    (tests/overlay/sglang_seeded_probe.py) uses the real one."""
-    m = logprobs.shape[1]
-    cols = torch.arange(m, dtype=torch.int64).view(1, -1)
-    h = (seeds.view(-1, 1).long() * 0x9E3779B1 + positions.view(-1, 1).long() * 0x85EBCA77
-         + cols * 0xC2B2AE3D) & 0xFFFFFFFF
-    for shift, mul in ((16, 0x7FEB352D), (15, 0x846CA68B), (16, 1)):
-        h = ((h ^ (h >> shift)) * mul) & 0xFFFFFFFF
-    u = (h.double() + 0.5) / 2**32
-    return (logprobs.double() - torch.log(-torch.log(u))).argmax(-1, keepdim=True)
 
 
 def seeded_choice(seeds, temperature, top_p=None):

@@ -76,3 +76,17 @@ class OracleDrafter:
             order = [*others[:rank], tok, *others[rank:]]
             out[i, torch.tensor(order)] = vals
         return out
+
+
+def toy_multinomial_with_seed(logprobs, seeds, positions):
+    """A stand-in for SGLang's ``multinomial_with_seed`` (which hashes seed, position and column
+    with murmur3, a CUDA-only Triton kernel): Gumbel-max over a hash of the same three keys.
+    The probe against real SGLang (tests/overlay/sglang_seeded_probe.py) uses the real one."""
+    m = logprobs.shape[1]
+    cols = torch.arange(m, dtype=torch.int64).view(1, -1)
+    h = (seeds.view(-1, 1).long() * 0x9E3779B1 + positions.view(-1, 1).long() * 0x85EBCA77
+         + cols * 0xC2B2AE3D) & 0xFFFFFFFF
+    for shift, mul in ((16, 0x7FEB352D), (15, 0x846CA68B), (16, 1)):
+        h = ((h ^ (h >> shift)) * mul) & 0xFFFFFFFF
+    u = (h.double() + 0.5) / 2**32
+    return (logprobs.double() - torch.log(-torch.log(u))).argmax(-1, keepdim=True)

@@ -23,6 +23,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))  # benchmarks/ has no __init__.py
 
 from real_drafter import tie_margin as tm  # noqa: E402
 
+from ..ddtree.toy_models import toy_multinomial_with_seed as toy_seeded  # noqa: E402
 from .test_real_drafter import toy  # noqa: E402, F401  (the module-scoped toy pair fixture)
 
 NEW = 12  # output tokens per fabricated request
@@ -252,19 +253,6 @@ def test_cli_bad_input_one_line(toy, tmp_path):  # noqa: F811
 
 
 # ---- seeded T > 0 --------------------------------------------------------------------------
-
-
-def toy_seeded(logprobs, seeds, positions):
-    """A stand-in for SGLang's ``multinomial_with_seed``: Gumbel-max over a hash of (seed,
-    position, column), the same keys (the CLI test below uses the real one)."""
-    m = logprobs.shape[1]
-    cols = torch.arange(m, dtype=torch.int64).view(1, -1)
-    h = (seeds.view(-1, 1).long() * 0x9E3779B1 + positions.view(-1, 1).long() * 0x85EBCA77
-         + cols * 0xC2B2AE3D) & 0xFFFFFFFF
-    for shift, mul in ((16, 0x7FEB352D), (15, 0x846CA68B), (16, 1)):
-        h = ((h ^ (h >> shift)) * mul) & 0xFFFFFFFF
-    u = (h.double() + 0.5) / 2**32
-    return (logprobs.double() - torch.log(-torch.log(u))).argmax(-1, keepdim=True)
 
 
 def _sdiv(a, b, prefix=(3, 4), seed=1000, top_p=0.95):
