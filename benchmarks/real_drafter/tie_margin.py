@@ -98,9 +98,17 @@ class Logits:
     l16: list[float]
 
 
+def bf16_eps(lg: Logits) -> float:
+    """The bf16 computation's own error on this prefix: max over the fp32 top-TOP_EPS tokens
+    of |l_bf16 - l_32| (the greedy and the seeded judges both reason within it)."""
+    top = sorted(range(len(lg.l32)), key=lambda i: -lg.l32[i])[:TOP_EPS]
+    return max(abs(lg.l16[i] - lg.l32[i]) for i in top)
+
+
 @dataclass(frozen=True)
-class Judged:
-    """One divergence with its fp32/bf16 evidence and verdict."""
+class JudgedAt:
+    """Where a judged divergence is, the fields every verdict row starts with (greedy and
+    seeded rows share the summary's per-mode, per-kind counts)."""
 
     mode: str
     backend: str
@@ -110,6 +118,12 @@ class Judged:
     prefix_len: int
     a: int | None
     b: int | None
+
+
+@dataclass(frozen=True)
+class Judged(JudgedAt):
+    """One divergence with its fp32/bf16 evidence and verdict."""
+
     l32_a: float | None
     l32_b: float | None
     gap: float | None
@@ -128,8 +142,7 @@ def judge(d: Divergence, lg: Logits) -> Judged:
     """The verdict of one divergence from its prefix's logits (pure)."""
     l32, l16 = lg.l32, lg.l16
     order = sorted(range(len(l32)), key=lambda i: -l32[i])
-    top = order[:TOP_EPS]
-    eps = max(abs(l16[i] - l32[i]) for i in top)
+    eps = bf16_eps(lg)
     argmax32, argmax16 = order[0], max(range(len(l16)), key=lambda i: l16[i])
     margin = l32[order[0]] - l32[order[1]] if len(order) > 1 else float("inf")
 
@@ -198,17 +211,9 @@ def sampling_defaults(generation_config: dict) -> dict:
 
 
 @dataclass(frozen=True)
-class SeededJudged:
+class SeededJudged(JudgedAt):
     """One seeded divergence, the sampler's draws within bf16's error, and the verdict."""
 
-    mode: str
-    backend: str
-    kind: str
-    prompt: int
-    position: int
-    prefix_len: int
-    a: int | None
-    b: int | None
     eps: float
     draw32: int
     draw16: int
@@ -273,8 +278,7 @@ def judge_seeded(d: SeededDivergence, lg: Logits, seeded, draws: int = SEEDED_DR
 
     l32 = torch.tensor(lg.l32, dtype=torch.float32)
     l16 = torch.tensor(lg.l16, dtype=torch.float32)
-    order = torch.argsort(l32, descending=True)
-    eps = float((l16[order[:TOP_EPS]] - l32[order[:TOP_EPS]]).abs().max())
+    eps = bf16_eps(lg)
     rows = [l32, l16]
     if d.a is not None and d.b is not None:
         for sign in (1.0, -1.0):  # a and b pushed eps apart, either way
