@@ -467,10 +467,17 @@ def served_rows(serves: dict) -> list[dict]:
     return rows
 
 
+def _served_in_full(rec: dict) -> bool:
+    """A served mode is finished when its server became ready and every bench level it ran
+    measured (a level the time budget skipped, or one that failed, runs again)."""
+    return bool(rec.get("ready_seconds")) and all("tok_s" in b for b in rec.get("bench", []))
+
+
 def done_modes(paths: list[Path]) -> set[str]:
-    """The modes earlier results.json files finished: a served mode whose server became ready,
-    a seeded one with its rows, neither skipped nor failed. A missing file is a call that never
-    got there (nothing done), a broken one a one-line ValueError."""
+    """The modes earlier results.json files finished: a served mode whose server became ready
+    and whose bench levels all measured, a seeded one with its rows, neither skipped nor
+    failed. A missing file is a call that never got there (nothing done), a broken one a
+    one-line ValueError."""
     done: set[str] = set()
     for path in paths:
         if not path.exists():
@@ -478,7 +485,7 @@ def done_modes(paths: list[Path]) -> set[str]:
         try:
             res = json.loads(path.read_text())
             errors = res.get("errors", {})
-            finished = {"serve": lambda r: r.get("ready_seconds"),
+            finished = {"serve": _served_in_full,
                         "seeded": lambda r: r.get("rows")}
             for group, ok in finished.items():
                 done |= {m for m, rec in res.get(group, {}).items()
@@ -518,6 +525,9 @@ def main(argv=None) -> int:
                     help="--cuda-graph-max-bs of profile:<mode> servers (8 covers c = 1, 8 and "
                     "starts faster)")
     ap.add_argument("--time-budget-s", type=float, default=0)
+    ap.add_argument("--step-min-s", type=float, default=e2e.STEP_MIN_S,
+                    help="seconds of the budget a mode needs to start (default %(default)s; a "
+                    "byte-compiled small pair's mode takes ~50-75 s)")
     ap.add_argument("--skip-done", type=Path, action="append", default=[], metavar="RESULTS",
                     help="an earlier call's results.json: its finished modes are not run "
                          "again (back-to-back calls share one mode list)")
@@ -530,6 +540,9 @@ def main(argv=None) -> int:
     except ValueError:
         print(f"serve_pair: --profile-levels {args.profile_levels!r}: positive integers, "
               "comma-separated", file=sys.stderr)
+        return 2
+    if args.step_min_s < 0:
+        print(f"serve_pair: --step-min-s {args.step_min_s}: seconds >= 0", file=sys.stderr)
         return 2
     if args.profile_steps < 0 or args.timed_repeats < 1:
         print(f"serve_pair: --profile-steps {args.profile_steps} / --timed-repeats "
@@ -578,6 +591,7 @@ def main(argv=None) -> int:
     opts.graph_max_bs = args.graph_max_bs  # type: ignore[attr-defined]
     opts.profile_levels = profile_levels  # type: ignore[attr-defined]
     opts.timed_repeats = args.timed_repeats  # type: ignore[attr-defined]
+    opts.step_min_s = args.step_min_s  # type: ignore[attr-defined]
     prompts = load_prompts(args.pair)
     bprompts = bench_file(args.out, prompts)
     results: dict = {"modes": args.modes, "pair_report_sha256": None, "serve": {},
@@ -595,7 +609,7 @@ def main(argv=None) -> int:
         try:
             group = base.partition(":")[0] if base.startswith(("seeded:", "profile:")) \
                 else "serve"
-            if left < e2e.STEP_MIN_S:
+            if left < opts.step_min_s:
                 results[group][m] = {"skipped": f"time budget: {left:.0f}s left"}
             elif group == "profile":
                 results["profile"][m] = profile_mode(opts, args.pair,

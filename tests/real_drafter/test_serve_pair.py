@@ -397,7 +397,11 @@ def test_skip_done_leaves_out_what_an_earlier_call_finished(pair, tmp_path):
     first = tmp_path / "first" / "results.json"
     first.parent.mkdir()
     first.write_text(json.dumps({
-        "serve": {"none": {"label": "none", "ready_seconds": 31.0},
+        "serve": {"none": {"label": "none", "ready_seconds": 31.0,
+                           "bench": [{"concurrency": 1, "tok_s": 600.0}]},
+                  "dflash": {"label": "dflash", "ready_seconds": 30.0,  # a level cut off
+                             "bench": [{"concurrency": 1, "tok_s": 300.0},
+                                       {"concurrency": 8, "skipped": "time budget: 40s left"}]},
                   "ddtree:8": {"skipped": "time budget: 3s left"},
                   "ddtree:32": {"label": "ddtree-32", "ready_seconds": 38.1},
                   "ddtree:64": {"label": "ddtree-64", "ready_seconds": None}},  # never ready
@@ -407,12 +411,28 @@ def test_skip_done_leaves_out_what_an_earlier_call_finished(pair, tmp_path):
         "errors": {"ddtree:32": "boom"}}))
     out = tmp_path / "out"
     r = _run(pair, out, "--skip-done", str(first), "--skip-done", str(tmp_path / "never.json"),
-             "none", "ddtree:8", "ddtree:32", "ddtree:64", "seeded:dflash", "seeded:ddtree:16")
+             "none", "dflash", "ddtree:8", "ddtree:32", "ddtree:64", "seeded:dflash",
+             "seeded:ddtree:16")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "done earlier, not run: none seeded:dflash" in r.stdout
     res = json.loads((out / "results.json").read_text())
-    assert list(res["serve"]) == ["ddtree:8", "ddtree:32", "ddtree:64"]
+    assert list(res["serve"]) == ["dflash", "ddtree:8", "ddtree:32", "ddtree:64"]
     assert list(res["seeded"]) == ["seeded:ddtree:16"]
+
+
+def test_step_min_s_skips_what_the_budget_cannot_start(pair, tmp_path):
+    """--step-min-s is the budget a mode needs to start: under the default (100 s) a 90 s
+    budget still starts a mode when the option says 30, and starts none when it says 95; a
+    negative value is one line and exit 2."""
+    for need, runs in (("30", True), ("95", False)):
+        out = tmp_path / f"out{need}"
+        r = _run(pair, out, "--time-budget-s", "90", "--step-min-s", need, "none")
+        assert r.returncode == 0, r.stderr[-2000:]
+        rec = json.loads((out / "results.json").read_text())["serve"]["none"]
+        assert bool(rec.get("ready_seconds")) is runs, rec
+        assert ("skipped" in rec) is not runs
+    bad = _run(pair, tmp_path / "o2", "--step-min-s", "-1", "none")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--step-min-s" in bad.stderr
 
 
 def test_skip_done_broken_file_one_line(pair, tmp_path):
