@@ -30,8 +30,14 @@ def main() -> dict:
     out: dict = {"flashinfer_needs": bool(FlashInferAttnBackend.needs_cpu_seq_lens)}
     from sglang_dflash.sglang_overlay import settings
 
-    w._host_lens = settings.resolve_host_lens(settings.host_lens_from_env({}), "on")
+    # unset on these (FlashInfer) backends resolves to sync, as the worker's __init__ does it
+    fi = any(settings.is_flashinfer_backend(b) for b in (target, draft))
+    out["flashinfer_detected"] = fi
+    w._host_lens = settings.resolve_host_lens(settings.host_lens_from_env({}), "on", fi)
     out["unset"] = decide_needs_cpu_seq_lens(plain, w.spec_v2_attn_backends)
+    # and on a backend that plans nothing from host lengths (the Triton backend's case)
+    w._host_lens = settings.resolve_host_lens(settings.host_lens_from_env({}), "on", False)
+    out["unset_not_flashinfer"] = decide_needs_cpu_seq_lens(plain, w.spec_v2_attn_backends)
     for mode in ("sync", "bound"):
         w._host_lens = mode
         backends = w.spec_v2_attn_backends

@@ -4,8 +4,12 @@ With ``bound`` the DDTree worker tells SGLang that no attention backend of its r
 exact lengths on the host, so the scheduler stops copying them (and waiting for the copy) before
 each round; the round's plans then read the reserved bound (``_verify_inputs``, ``_draft_topk``,
 and ``fast_plan.bound_violation`` under ``FAST_PLAN=check``). The decision is SGLang's own
-function on the real worker class (SGLang CPU env). That it pays and stays token-identical was
-measured on a GPU (docs/gpu-results.md §26); since then ``bound`` is the default.
+function on the real worker class (SGLang CPU env). That it pays was measured on a GPU
+(docs/gpu-results.md §26). On FlashInfer it is wrong: FlashInfer's split-KV plan lays out each
+row's partial outputs by the host length's chunk count and the kernel writes them by the device
+length's, so a bound mixes the rows of a tree verify (real weights, §29; ``test_flashinfer_
+split_kv_model`` below replays FlashInfer's own chunk arithmetic). Unset is ``auto``: the bound
+off FlashInfer, exact lengths on it; ``bound`` with FlashInfer is refused.
 """
 
 from __future__ import annotations
@@ -18,24 +22,49 @@ from test_sglang_hooks import _python, _run_script
 from sglang_dflash.sglang_overlay import settings
 
 
-def test_switch_defaults_to_bound_and_is_strict():
+def test_switch_defaults_to_auto_and_is_strict():
     env = settings.HOST_LENS_ENV
-    assert settings.host_lens_from_env({}) == "bound"
+    assert settings.host_lens_from_env({}) == "auto"
     assert settings.host_lens_from_env({env: " bound "}) == "bound"
     assert settings.host_lens_from_env({env: "sync"}) == "sync"
-    for bad in ("1", "on", "BOUND", "reserved"):
+    for bad in ("1", "on", "BOUND", "reserved", "auto"):
         with pytest.raises(settings.DDTreeConfigError) as exc:
             settings.host_lens_from_env({env: bad})
-        assert "\n" not in str(exc.value) and "bound (the default" in str(exc.value)
+        assert "\n" not in str(exc.value) and "unset (auto)" in str(exc.value)
         assert "or sync" in str(exc.value)
 
 
-def test_the_bound_needs_the_sync_free_plan():
-    """FAST_PLAN=0 hands planning back to FlashInfer, which reads SGLang's host lengths."""
+def test_the_bound_needs_the_sync_free_plan_and_no_flashinfer():
+    """FAST_PLAN=0 hands planning back to FlashInfer, which reads SGLang's host lengths; a
+    FlashInfer backend's split-KV plans need them exact, so unset means sync there and an
+    explicit bound is refused in one line."""
     for fast_plan in ("on", "check"):
+        assert settings.resolve_host_lens("auto", fast_plan) == "bound"
         assert settings.resolve_host_lens("bound", fast_plan) == "bound"
         assert settings.resolve_host_lens("sync", fast_plan) == "sync"
+        assert settings.resolve_host_lens("auto", fast_plan, flashinfer=True) == "sync"
+        assert settings.resolve_host_lens("sync", fast_plan, flashinfer=True) == "sync"
+        with pytest.raises(settings.DDTreeConfigError) as exc:
+            settings.resolve_host_lens("bound", fast_plan, flashinfer=True)
+        assert "\n" not in str(exc.value) and "§29" in str(exc.value)
     assert settings.resolve_host_lens("bound", "off") == "sync"
+    assert settings.resolve_host_lens("auto", "off") == "sync"
+
+
+def test_flashinfer_backends_are_recognised_by_class():
+    class FlashInferAttnBackend:  # SGLang's class name; a subclass counts too
+        pass
+
+    class Wrapped(FlashInferAttnBackend):
+        pass
+
+    class TritonAttnBackend:
+        pass
+
+    assert settings.is_flashinfer_backend(FlashInferAttnBackend())
+    assert settings.is_flashinfer_backend(Wrapped())
+    assert not settings.is_flashinfer_backend(TritonAttnBackend())
+    assert not settings.is_flashinfer_backend(None)
 
 
 def test_the_start_up_line_says_which_and_why():
@@ -43,6 +72,7 @@ def test_the_start_up_line_says_which_and_why():
     assert host_lens_line("bound", "on").startswith("DDTree host lengths: bound (")
     assert "FAST_PLAN=0" in host_lens_line("sync", "off")
     assert f"{settings.HOST_LENS_ENV}=sync" in host_lens_line("sync", "on")
+    assert "exact lengths" in host_lens_line("sync", "on", flashinfer=True)
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +84,56 @@ def probe() -> dict:
 def test_sglang_copies_the_lengths_unless_the_round_plans_from_the_bound(probe):
     assert probe["flashinfer_needs"] is True  # what makes SGLang copy them at all
     assert probe["sync"] is True
-    assert probe["bound"] is False and probe["unset"] is False  # the default is the bound
+    assert probe["bound"] is False
+    # unset: FlashInfer backends (these) get the exact lengths, others the bound
+    assert probe["flashinfer_detected"] is True
+    assert probe["unset"] is True and probe["unset_not_flashinfer"] is False
     assert probe["sync_wraps"] == probe["bound_wraps"] == [True, True]
 
 
 def test_two_batch_overlap_still_gets_the_lengths(probe):
     assert probe["bound_tbo"] is True  # SGLang forces them there; the switch does not override
+
+
+# ---- why FlashInfer needs exact lengths: its own chunk arithmetic, replayed -----------------
+
+
+def _chunk_size(packed_qo: int, host_kv: int, cta_tile_q: int, max_bs_if_split: int) -> int:
+    """``PrefillBinarySearchKVChunkSize`` (flashinfer 0.6.15 scheduler.cuh), one request, page 1:
+    the smallest chunk (>= 128) whose work items fit the split grid."""
+    low, high = 128, max(host_kv, 1)
+    while low < high:
+        mid = (low + high) // 2
+        if -(-packed_qo // cta_tile_q) * -(-host_kv // mid) > max_bs_if_split:
+            low = mid + 1
+        else:
+            high = mid
+    return low
+
+
+def _merge_reads_own_rows(host_kv: int, dev_kv: int, qo_len: int, group: int = 2,
+                          kv_heads: int = 4, sms: int = 132) -> bool:
+    """One request under CUDA-graph planning: the plan lays row r's partials at
+    ``r * ceil(host_kv / C) + t`` and the merge reads them there; the kernel
+    (prefill.cuh, ``num_kv_chunks = ceil_div(kv_len, kv_chunk_size)`` with the DEVICE kv_len)
+    writes them at ``r * ceil(dev_kv / C) + t``. True when every row's merge reads only what
+    that row wrote (or nothing written at all)."""
+    cta_tile_q = 16 if qo_len * group <= 16 else 64 if qo_len * group <= 64 else 128
+    c = _chunk_size(qo_len * group, host_kv, cta_tile_q, 2 * sms // kv_heads)
+    n_plan, n_kernel = -(-host_kv // c), -(-dev_kv // c)
+    written = {}  # slot -> (row, chunk); the launched tiles are the plan's n_plan per row
+    for r in range(qo_len):
+        for t in range(n_plan):
+            written[r * n_kernel + t] = (r, t)
+    return all(written.get(r * n_plan + t, (r, t))[0] == r
+               for r in range(qo_len) for t in range(n_plan))
+
+
+def test_flashinfer_split_kv_model():
+    """With the exact length every row reads its own partials; planned from a bound a
+    chunk above the device length, a tree verify's rows (W > 1) read each other's — the §29
+    failure — while a width-1 forward (the no-draft round) stays right."""
+    prefix, w = 400, 65
+    assert _merge_reads_own_rows(prefix + w, prefix + w, w)
+    assert not _merge_reads_own_rows(prefix + 2 * w, prefix + w, w)  # the reserved bound
+    assert _merge_reads_own_rows(prefix + 2 * w, prefix + 1, 1)

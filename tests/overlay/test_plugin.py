@@ -74,3 +74,33 @@ def test_request_grammar(params, kind):
     fields = dict.fromkeys(hooks.GRAMMAR_FIELDS)
     fields.update(params)
     assert hooks.request_grammar(SimpleNamespace(sampling_params=SimpleNamespace(**fields))) == kind
+
+
+def test_launcher_refuses_the_bound_with_flashinfer(monkeypatch):
+    """HOST_LENS=bound with FlashInfer attention is a one-line error in the launcher, before
+    SGLang's own DFLASH handling runs (its split-KV plans need exact lengths, §29); unset, or
+    on Triton, the launcher goes on to SGLang's."""
+    from sglang_dflash.sglang_overlay import settings
+
+    monkeypatch.setenv(settings.BUDGET_ENV, "16")
+    seen = []
+
+    def original(server_args):
+        seen.append(server_args.attention_backend)
+        server_args.speculative_num_draft_tokens = 16
+
+    def args(backend):
+        return SimpleNamespace(attention_backend=backend, prefill_attention_backend=None,
+                               decode_attention_backend=None, page_size=1, pp_size=1,
+                               speculative_draft_window_size=None,
+                               speculative_num_draft_tokens=None)
+
+    monkeypatch.setenv(settings.HOST_LENS_ENV, "bound")
+    with pytest.raises(settings.DDTreeConfigError) as exc:
+        hooks.handle_dflash(original, args("flashinfer"))
+    assert "\n" not in str(exc.value) and "FlashInfer" in str(exc.value)
+    assert seen == []
+    hooks.handle_dflash(original, args("triton"))
+    monkeypatch.delenv(settings.HOST_LENS_ENV)
+    hooks.handle_dflash(original, args("flashinfer"))
+    assert seen == ["triton", "flashinfer"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 # Every SGLANG_DFLASH_* environment variable the package reads or sets is named here, once;
 # tests/overlay/test_settings_names.py fails on the literal name anywhere else in the package.
@@ -151,9 +152,14 @@ def parse_nodraft_steps(raw: str | None) -> int:
 # cheaper
 FAST_PLAN_MODES = {"": "on", "0": "off", "1": "on", "check": "check"}
 SPLIT_VERIFY_MODES = {"": False, "0": False, "1": True}
-# the default since H100 2026-12-05 (gpu-results.md §26): seeded T > 0 token-identical with it,
-# the host bound held in every checked round, a DDTree round 20-25 % cheaper at bs 1
-HOST_LENS_MODES = {"": "bound", "sync": "sync", "bound": "bound"}
+# unset = ``auto``: the bound where no plan of the round splits its KV from host lengths (the
+# Triton backend: H100 §26, a DDTree round 20-25 % cheaper at bs 1; real weights token-identical
+# up to bf16 ties, §28/§29), exact lengths (sync) on FlashInfer: its split-KV plan lays out each
+# row's partial outputs by the host length's chunk count while the kernel writes them by the
+# device length's, so a bound above the device length mixes the rows of a multi-row forward
+# (real weights, §29: wrong tokens in 2-7 of 8 prompts at N = 8 ... 64; the planted dummy-weight
+# runs of §26/§28 could not see it)
+HOST_LENS_MODES = {"": "auto", "sync": "sync", "bound": "bound"}
 
 
 def _parse_switch(raw: str | None, name: str, modes: dict, expected: str):
@@ -180,13 +186,15 @@ def fast_plan_from_env(environ: Mapping[str, str] | None = None) -> str:
 
 
 def parse_host_lens(raw: str | None) -> str:
-    """``SGLANG_DFLASH_DDTREE_HOST_LENS``: ``bound`` or unset (the default: SGLang does not copy
-    each round's lengths to the host; every plan of the round reads the reserved upper bound
-    SGLang keeps there, so the host builds the next round while the GPU runs this one),
-    ``sync`` (SGLang copies every round's published lengths to the host and waits for them
-    before it schedules the next round: what it does for DFLASH); else a one-line error."""
+    """``SGLANG_DFLASH_DDTREE_HOST_LENS``: unset (``auto``: ``bound`` unless a FlashInfer
+    backend plans the round, see ``resolve_host_lens``), ``bound`` (SGLang does not copy each
+    round's lengths to the host; every plan of the round reads the reserved upper bound SGLang
+    keeps there, so the host builds the next round while the GPU runs this one), ``sync``
+    (SGLang copies every round's published lengths to the host and waits for them before it
+    schedules the next round: what it does for DFLASH); else a one-line error."""
     return _parse_switch(raw, HOST_LENS_ENV, HOST_LENS_MODES,
-                         "bound (the default: no per-round copy of the lengths) or sync")
+                         "unset (auto), bound (no per-round copy of the lengths; not with "
+                         "FlashInfer) or sync")
 
 
 def host_lens_from_env(environ: Mapping[str, str] | None = None) -> str:
@@ -194,20 +202,44 @@ def host_lens_from_env(environ: Mapping[str, str] | None = None) -> str:
     return parse_host_lens(env.get(HOST_LENS_ENV))
 
 
-def resolve_host_lens(host_lens: str, fast_plan: str) -> str:
-    """The host-lengths mode a round runs. ``bound`` rests on the sync-free plan: every plan
-    reads the round's own bound. With ``FAST_PLAN=0`` FlashInfer plans itself from SGLang's
-    host lengths (only the sync-free plan has run on a GPU with the bound), so it is ``sync``."""
-    return "sync" if fast_plan == "off" else host_lens
+FLASHINFER_BOUND_REASON = (
+    f"{HOST_LENS_ENV}=bound with FlashInfer attention: FlashInfer's split-KV plan must read "
+    "each forward's exact kv lengths (planned from a bound, its merge reads other rows' partial "
+    "outputs and a tree verify commits wrong tokens, docs/gpu-results.md §29); leave it unset "
+    "(sync on FlashInfer) or use --attention-backend triton")
 
 
-def host_lens_line(host_lens: str, fast_plan: str) -> str:
+def is_flashinfer_backend(backend: Any) -> bool:
+    """Whether ``backend`` is SGLang's FlashInfer attention backend (or a subclass): the one
+    whose plans split the KV by host lengths."""
+    return any(c.__name__.startswith("FlashInfer") for c in type(backend).__mro__)
+
+
+def resolve_host_lens(host_lens: str, fast_plan: str, flashinfer: bool = False) -> str:
+    """The host-lengths mode a round runs; ``flashinfer``: a FlashInfer backend plans its
+    target or drafter forwards. ``bound`` rests on the sync-free plan (every plan reads the
+    round's own bound) and on no plan splitting its KV by host lengths: FlashInfer's does (its
+    merge then mixes the rows of a tree verify or a draft block, §29), so unset means ``sync``
+    there and an explicit ``bound`` is a one-line DDTreeConfigError. With ``FAST_PLAN=0``
+    FlashInfer plans itself from SGLang's host lengths, so it is ``sync`` as well."""
+    if host_lens == "bound" and flashinfer:
+        raise DDTreeConfigError(FLASHINFER_BOUND_REASON)
+    if fast_plan == "off" or flashinfer:
+        return "sync"
+    return "sync" if host_lens == "sync" else "bound"
+
+
+def host_lens_line(host_lens: str, fast_plan: str, flashinfer: bool = False) -> str:
     """The start-up log line naming the round's host-lengths mode (and why it is ``sync``)."""
     if host_lens == "bound":
         return ("DDTree host lengths: bound (SGLang does not copy each round's lengths to the "
                 "host; every plan reads the reserved bound).")
-    why = ("FAST_PLAN=0: FlashInfer plans from SGLang's host lengths" if fast_plan == "off"
-           else f"{HOST_LENS_ENV}=sync")
+    if fast_plan == "off":
+        why = "FAST_PLAN=0: FlashInfer plans from SGLang's host lengths"
+    elif flashinfer:
+        why = "FlashInfer's split-KV plans need each forward's exact lengths"
+    else:
+        why = f"{HOST_LENS_ENV}=sync"
     return f"DDTree host lengths: sync ({why}; SGLang copies each round's lengths to the host)."
 
 

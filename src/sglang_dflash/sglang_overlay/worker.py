@@ -293,9 +293,14 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._nodraft_steps = settings.nodraft_steps_from_env(self.ddtree.draft_width)
         self._fast_plan = settings.fast_plan_from_env()  # "off" | "on" | "check"
         self._split_verify = settings.split_verify_from_env()
-        # "bound" | "sync": as asked (bound unless HOST_LENS=sync), sync under FAST_PLAN=0
+        # "bound" | "sync": bound unless HOST_LENS=sync, FAST_PLAN=0 or a FlashInfer backend
+        # (its split-KV plans need the exact lengths: settings.resolve_host_lens, §29)
+        self._flashinfer_plans = any(
+            settings.is_flashinfer_backend(getattr(r, "attn_backend", None))
+            for r in (target_worker.model_runner, getattr(self, "draft_model_runner", None))
+        )
         self._host_lens = settings.resolve_host_lens(settings.host_lens_from_env(),
-                                                     self._fast_plan)
+                                                     self._fast_plan, self._flashinfer_plans)
         self._plan_checks = self._plan_violations = 0  # rounds checked, bounds below the device
         self._round_steps: RoundSteps | None = None  # no-draft rounds cut to what is kept
         if self._policy_spec.adaptive:
@@ -532,7 +537,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             if is_cuda() and any(n > 0 for n in self._targets):
                 fast_plan.warm_up_pack(self.device)
         if self.ps.tp_rank == 0:
-            logger.info(settings.host_lens_line(self._host_lens, self._fast_plan))
+            logger.info(settings.host_lens_line(self._host_lens, self._fast_plan,
+                                                self._flashinfer_plans))
 
     def _init_budget_targets(self):
         """One target attention backend + verify CUDA graphs per candidate budget.
