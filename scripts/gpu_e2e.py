@@ -277,6 +277,32 @@ def _answers(url: str) -> bool:
         return False
 
 
+PORT_FREE_WAIT_S = 60.0  # a stale server of a killed call still shutting down (2026-12-05 §29)
+
+
+def _listening(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:``port``."""
+    import socket
+
+    with socket.socket() as s:
+        s.settimeout(1.0)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def wait_port_free(port: int, limit_s: float = PORT_FREE_WAIT_S,
+                   listening=_listening, sleep=time.sleep) -> float | None:
+    """Seconds waited until nothing listens on ``port`` (0.0 when free at once), or None when
+    it is still taken after ``limit_s``. ``sglang-dflash serve`` refuses a taken port, and a
+    server of a call killed at its time limit may still hold it for a few seconds (§29: two
+    seeded modes lost to 'something already listens on 127.0.0.1:30000')."""
+    t0 = time.monotonic()
+    while listening(port):
+        if time.monotonic() - t0 >= limit_s:
+            return None
+        sleep(0.5)
+    return round(time.monotonic() - t0, 1)
+
+
 @contextlib.contextmanager
 def running_server(opts: Opts, cfg: dict, name: str):
     """Start ``sglang-dflash serve`` for cfg, wait for /health; yield (url, record); stop it.
@@ -289,10 +315,11 @@ def running_server(opts: Opts, cfg: dict, name: str):
     cfg_path.write_text(json.dumps(cfg, indent=1))
     log_path = opts.out / f"serve-{name}.log"
     url = f"http://127.0.0.1:{cfg.get('port', PORT)}"
-    if _answers(url):
+    waited = None if _answers(url) else wait_port_free(int(cfg.get("port", PORT)))
+    if waited is None:
         rec = {"config": cfg, "ready_seconds": None,
-               "error": f"port busy: something already answers {url}/health before the start "
-                        "(a stale server?); not started"}
+               "error": f"port busy: something already answers or listens on {url} before the "
+                        f"start (a stale server?) after {PORT_FREE_WAIT_S:.0f} s; not started"}
         yield url, rec
         return
     log = open(log_path, "w")  # noqa: SIM115 - closed in finally
@@ -301,6 +328,8 @@ def running_server(opts: Opts, cfg: dict, name: str):
                             env=opts.env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     rec: dict = {"config": cfg, "ready_seconds": None, "pid": proc.pid}
+    if waited:
+        rec["waited_for_port_s"] = waited
     limit = min(cfg["startTimeout"] + 10, max(opts.clock.left() - 20, 30))
     while time.monotonic() - t0 < limit:
         if proc.poll() is not None:

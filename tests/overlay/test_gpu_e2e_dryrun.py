@@ -265,6 +265,27 @@ def test_a_port_that_already_answers_is_not_a_ready_server(tmp_path):
         stale.shutdown()
 
 
+def test_a_port_still_held_is_waited_for_then_refused():
+    """A server of a killed call can hold the port (listening, not answering /health) for a
+    few seconds: the next start waits for it to close, and gives up after the limit."""
+    import socket
+    import threading
+
+    e2e = _gpu_e2e()
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    try:
+        assert e2e.wait_port_free(port, limit_s=0.6) is None
+        threading.Timer(1.0, held.close).start()
+        waited = e2e.wait_port_free(port, limit_s=20)
+        assert waited is not None and 0.5 <= waited < 20
+    finally:
+        held.close()
+    assert e2e.wait_port_free(port, limit_s=0) == 0.0
+
+
 def test_seeded_adaptive_step_checks_batches_and_reads_the_policy(tmp_path):
     """`seeded:adaptive:<N>`: the DDTree server runs the adaptive policy, the seeded outputs
     are also compared in batches of 8 and 32 requests, and the policy's state is read after
