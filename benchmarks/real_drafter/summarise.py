@@ -21,10 +21,30 @@ def _sha(path: Path) -> str:
 
 
 def served_table(results: list[dict]) -> list[dict]:
-    rows = []
+    """The served rows of every call, one per (mode, backend, concurrency): a call that cut a
+    mode short and the next call that ran it again both carry it, the later call's row wins
+    (``--results`` order)."""
+    cells: dict[tuple, dict] = {}
     for res in results:
-        rows.extend(res.get("served", []))
-    return rows
+        for r in res.get("served", []):
+            cells[(r["mode"], r.get("backend"), r["concurrency"])] = r
+    return list(cells.values())
+
+
+def _cell(r: dict) -> str:
+    """A serve record's key in the summary: two backends in one session must not collide."""
+    return f"{r['label']}@{r.get('backend')}"
+
+
+def merged_serves(results: list[dict]) -> dict[str, dict]:
+    """The served records with greedy rows, one per ``label@backend``; the later call wins (a
+    rerun after a cut-short call; a later record without greedy rows keeps the earlier one)."""
+    serves: dict[str, dict] = {}
+    for res in results:
+        for r in res.get("serve", {}).values():
+            if r.get("label") and r.get("greedy"):
+                serves[_cell(r)] = r
+    return serves
 
 
 def ratios(rows: list[dict]) -> list[dict]:
@@ -56,41 +76,70 @@ def round_cost(rows: list[dict]) -> list[dict]:
     return out
 
 
-def greedy_first_diffs(results: list[dict]) -> dict:
-    """Per mode, the first differing output position of each greedy prompt against none
-    (null = identical over all 256 tokens)."""
-    serves = {}
-    for res in results:
-        serves.update({m: r for m, r in res.get("serve", {}).items() if r.get("greedy")})
-    none = next((r for r in serves.values() if r.get("label") == "none"), None)
-    if none is None:
+def greedy_references(results: list[dict]) -> dict[str, str]:
+    """Per mode (``label@backend``), the ``none`` record its greedy outputs are compared with:
+    the same backend's (bf16 kernels differ between backends, so across them outputs may
+    differ without a bug), else any backend's, which the summary then names."""
+    serves = merged_serves(results)
+    nones = {r.get("backend"): k for k, r in serves.items() if r["label"] == "none"}
+    if not nones:
         return {}
+    fallback = next(iter(nones.values()))
+    return {k: nones.get(r.get("backend"), fallback) for k, r in serves.items()
+            if r["label"] != "none"}
+
+
+def greedy_first_diffs(results: list[dict]) -> dict:
+    """Per mode (``label@backend``), the first differing output position of each greedy
+    prompt against its reference none (``greedy_references``; null = identical over all 256
+    tokens)."""
+    serves = merged_serves(results)
 
     def first(a, b):
         return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
 
-    base = [g["output"] for g in none["greedy"]]
-    return {r["label"]: [first(g["output"], b) for g, b in zip(r["greedy"], base, strict=False)]
-            for r in serves.values() if r is not none}
+    out = {}
+    for k, ref in greedy_references(results).items():
+        base = [g["output"] for g in serves[ref]["greedy"]]
+        out[k] = [first(g["output"], b) for g, b in zip(serves[k]["greedy"], base, strict=False)]
+    return out
 
 
 def served_vs_offline(report: dict, results: list[dict]) -> dict:
-    """Verify rounds per greedy prompt, served against the offline simulation."""
+    """Verify rounds per greedy prompt, served (per ``label@backend``) against the offline
+    simulation of the same mode."""
     label_to_mode = {"dflash": "dflash"} | {f"ddtree-{n}": f"ddtree-{n}"
                                            for n in report["offline_accept_length_ddtree"]}
     out = {}
-    for res in results:
-        for r in res.get("serve", {}).values():
-            mode = label_to_mode.get(r.get("label"))
-            if mode and r.get("greedy"):
-                served = [g["spec_verify_ct"] for g in r["greedy"]]
-                offline = report["modes"][mode]["rounds_per_request"][: len(served)]
-                out[r["label"]] = {"served_rounds": served, "offline_rounds": offline,
-                                   "served_pooled_accept": round(
-                                       sum(g["completion_tokens"] for g in r["greedy"])
-                                       / sum(served), 4),
-                                   "offline_pooled_accept": round(
-                                       len(offline) * 256 / sum(offline), 4)}
+    for k, r in merged_serves(results).items():
+        mode = label_to_mode.get(r["label"])
+        if mode:
+            served = [g["spec_verify_ct"] for g in r["greedy"]]
+            offline = report["modes"][mode]["rounds_per_request"][: len(served)]
+            out[k] = {"served_rounds": served, "offline_rounds": offline,
+                      "served_pooled_accept": round(
+                          sum(g["completion_tokens"] for g in r["greedy"]) / sum(served), 4),
+                      "offline_pooled_accept": round(len(offline) * 256 / sum(offline), 4)}
+    return out
+
+
+def served_accept_histogram(results: list[dict]) -> dict:
+    """Per mode (``label@backend``), SGLang's per-request accept histograms of the greedy
+    prompts summed, and the pooled accept length (tokens per verify round) over the same
+    requests: issue 15's accept length per mode and budget, mean and histogram, as served."""
+    out = {}
+    for k, r in merged_serves(results).items():
+        rows = [g for g in r["greedy"] if g.get("spec_accept_histogram")]
+        if not rows:
+            continue
+        hist = [0] * max(len(g["spec_accept_histogram"]) for g in rows)
+        for g in rows:
+            for i, n in enumerate(g["spec_accept_histogram"]):
+                hist[i] += n
+        rounds = sum(g.get("spec_verify_ct") or 0 for g in rows)
+        tokens = sum(g.get("completion_tokens") or 0 for g in rows)
+        out[k] = {"histogram": hist,
+                  "mean_accept_length": round(tokens / rounds, 4) if rounds else None}
     return out
 
 
@@ -114,32 +163,43 @@ def tie_verdict(tie: dict) -> dict:
 
 
 def plot(rows: list[dict], png: Path, machine: str) -> None:
+    """One panel per attention backend (tok/s are only comparable within one), each mode a
+    bar per concurrency level; the modes keep one colour across panels."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    rows = [r for r in rows if r.get("tok_s")]
+    order = {"triton": 0, "flashinfer": 1}
+    backends = sorted({r["backend"] for r in rows}, key=lambda b: (order.get(b, 2), str(b)))
     modes = sorted({r["mode"] for r in rows}, key=lambda m: (m != "none", m != "dflash", m))
-    levels = sorted({r["concurrency"] for r in rows})
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    width = 0.8 / max(1, len(modes))
-    for i, m in enumerate(modes):
-        xs, ys = [], []
-        for j, c in enumerate(levels):
-            hit = [r for r in rows if r["mode"] == m and r["concurrency"] == c]
-            if hit:
-                xs.append(j + (i - (len(modes) - 1) / 2) * width)
-                ys.append(hit[0]["tok_s"])
-        ax.bar(xs, ys, width=width, label=m)
-    ax.set_xticks(range(len(levels)), [f"c = {c}" for c in levels])
-    ax.set_yscale("log")
-    ax.set_ylabel("output tok/s (log)")
-    backends = "/".join(sorted({r["backend"] for r in rows}))
-    ax.set_title(f"Trained pair (29M Qwen3 + 3-layer DFlash), {backends} attention\n{machine}",
-                 fontsize=9)
-    ax.legend(fontsize=8)
+    colour = {m: f"C{i % 10}" for i, m in enumerate(modes)}
+    panels = max(1, len(backends))
+    fig, axes = plt.subplots(1, panels, figsize=(1 + 6 * panels, 4.2), sharey=True,
+                             squeeze=False)
+    for ax, backend in zip(axes[0], backends, strict=False):
+        mine = [r for r in rows if r["backend"] == backend]
+        here = [m for m in modes if any(r["mode"] == m for r in mine)]
+        levels = sorted({r["concurrency"] for r in mine})
+        width = 0.8 / max(1, len(here))
+        for i, m in enumerate(here):
+            xs, ys = [], []
+            for j, c in enumerate(levels):
+                hit = [r for r in mine if r["mode"] == m and r["concurrency"] == c]
+                if hit:
+                    xs.append(j + (i - (len(here) - 1) / 2) * width)
+                    ys.append(hit[0]["tok_s"])
+            ax.bar(xs, ys, width=width, label=m, color=colour[m])
+        ax.set_xticks(range(len(levels)), [f"c = {c}" for c in levels])
+        ax.set_yscale("log")
+        ax.set_title(f"{backend} attention", fontsize=9)
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("output tok/s (log)")
+    fig.suptitle(f"Trained pair (29M Qwen3 + 3-layer DFlash)\n{machine}", fontsize=9)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
+    plt.close(fig)
 
 
 def main(argv=None) -> int:
@@ -178,11 +238,15 @@ def main(argv=None) -> int:
         "greedy_identical_all_modes": bool(diffs) and all(
             all(d is None for d in v) for v in diffs.values()),
         "greedy_first_diff_vs_none": diffs,
+        # per mode, the none record it was compared with: another backend's only where its
+        # own backend served no none
+        "greedy_first_diff_reference": greedy_references(results),
         "served": [{k: r[k] for k in ("mode", "backend", "concurrency", "accept_length",
                                       "tok_s")} for r in rows],
         "ratios": ratios(rows),
         "round_cost": round_cost(rows),
         "served_vs_offline": served_vs_offline(report, results),
+        "served_accept_histogram": served_accept_histogram(results),
         "seeded": seeded(results),
         "tie_margin": tie_verdict(tie) if tie else None,
         "training": {"target_steps": report["target_train"]["steps"],
