@@ -162,7 +162,13 @@ def tie_verdict(tie: dict) -> dict:
         "reference": tie.get("reference")}
 
 
-def plot(rows: list[dict], png: Path, machine: str) -> None:
+def _mode_order(mode: str) -> tuple:
+    """none, dflash, the fixed budgets by size, then adaptive (``ddtree-8`` before ``-16``)."""
+    digits = "".join(ch for ch in mode if ch.isdigit())
+    return (mode != "none", mode != "dflash", "adaptive" in mode, int(digits or 0), mode)
+
+
+def plot(rows: list[dict], png: Path, machine: str, caption: str | None = None) -> None:
     """One panel per attention backend (tok/s are only comparable within one), each mode a
     bar per concurrency level; the modes keep one colour across panels."""
     import matplotlib
@@ -173,7 +179,7 @@ def plot(rows: list[dict], png: Path, machine: str) -> None:
     rows = [r for r in rows if r.get("tok_s")]
     order = {"triton": 0, "flashinfer": 1}
     backends = sorted({r["backend"] for r in rows}, key=lambda b: (order.get(b, 2), str(b)))
-    modes = sorted({r["mode"] for r in rows}, key=lambda m: (m != "none", m != "dflash", m))
+    modes = sorted({r["mode"] for r in rows}, key=_mode_order)
     colour = {m: f"C{i % 10}" for i, m in enumerate(modes)}
     panels = max(1, len(backends))
     fig, axes = plt.subplots(1, panels, figsize=(1 + 6 * panels, 4.2), sharey=True,
@@ -198,6 +204,9 @@ def plot(rows: list[dict], png: Path, machine: str) -> None:
     axes[0][0].set_ylabel("output tok/s (log)")
     fig.suptitle(f"Trained pair (29M Qwen3 + 3-layer DFlash)\n{machine}", fontsize=9)
     fig.tight_layout()
+    if caption:  # what a reader of the figure alone must know (e.g. rows of a faulty build)
+        fig.subplots_adjust(bottom=0.2)
+        fig.text(0.01, 0.01, caption, fontsize=7, wrap=True, va="bottom")
     fig.savefig(png, dpi=110)
     plt.close(fig)
 
@@ -214,6 +223,7 @@ def main(argv=None) -> int:
     ap.add_argument("--machine", required=True)
     ap.add_argument("--command", action="append", default=[])
     ap.add_argument("--note", action="append", default=[])
+    ap.add_argument("--caption", help="a line printed under the plot")
     args = ap.parse_args(argv)
     tie_paths = [args.tie] if args.tie else []
     for p in [args.report, *args.results, *args.raw, *tie_paths]:
@@ -265,7 +275,7 @@ def main(argv=None) -> int:
     }
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     if args.png:
-        plot(rows, args.png, args.machine)
+        plot(rows, args.png, args.machine, args.caption)
     return 0
 
 

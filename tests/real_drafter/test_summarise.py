@@ -216,3 +216,29 @@ def test_png_has_one_panel_per_backend(toy, tmp_path, monkeypatch):  # noqa: F81
     assert len(panels["flashinfer attention"].patches) == 9
     assert [t.get_text() for t in panels["flashinfer attention"].get_legend().get_texts()] == [
         "none", "dflash", "ddtree-16"]
+
+
+def test_modes_in_budget_order_and_the_caption_under_the_plot(tmp_path, monkeypatch):
+    """ddtree-8 comes before ddtree-16 and -64 (a string sort put it last), adaptive last;
+    --caption is printed under the plot (what the figure alone must say)."""
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed: --png needs it")
+    from matplotlib.figure import Figure
+
+    modes = ["ddtree-adaptive-16", "ddtree-64", "none", "ddtree-8", "dflash", "ddtree-16"]
+    assert sorted(modes, key=summarise._mode_order) == [
+        "none", "dflash", "ddtree-8", "ddtree-16", "ddtree-64", "ddtree-adaptive-16"]
+    saved = []
+    real = Figure.savefig
+
+    def spy(self, *a, **k):
+        saved.append(self)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    rows = [{"mode": m, "backend": "triton", "concurrency": 1, "tok_s": 100.0 + i}
+            for i, m in enumerate(modes)]
+    summarise.plot(rows, tmp_path / "p.png", "a machine", caption="rows of build X")
+    (fig,) = saved
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == sorted(
+        modes, key=summarise._mode_order)
+    assert "rows of build X" in [t.get_text() for t in fig.texts]
