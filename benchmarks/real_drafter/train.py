@@ -71,10 +71,11 @@ def _log(t_all: float, msg: str) -> None:
 
 def run(args) -> dict:
     """The whole command; every warning shown meanwhile is recorded (and still printed), so
-    the report can name the non-deterministic ops torch warned of."""
-    from .common import recording_warnings
+    the report can name the non-deterministic ops torch warned of. torch's determinism flags,
+    which the run sets process-wide, are restored afterwards (for in-process callers)."""
+    from .common import recording_warnings, restoring_determinism
 
-    with recording_warnings() as shown:
+    with restoring_determinism(), recording_warnings() as shown:
         return _run(args, shown)
 
 
@@ -83,8 +84,9 @@ def _run(args, shown: list[str]) -> dict:
 
     from . import checkpoint, corpus, evaluate, generate, target, tokenizer, train_drafter
     from .common import (
-        DETERMINISM_SETTINGS,
+        REPRODUCIBLE_DEFINITION,
         Phase,
+        determinism_in_force,
         deterministic_attention,
         nondeterministic_ops,
         reproducibility,
@@ -97,7 +99,7 @@ def _run(args, shown: list[str]) -> dict:
     t_all = time.perf_counter()
     plan = _scaled(toy_plan() if args.toy else full_plan(), args.budget_s)
     device = torch.device(args.device)
-    seed_everything(args.seed)
+    seed_everything(args.seed)  # before any CUDA work (cuBLAS reads its workspace config once)
     gen = torch.Generator().manual_seed(args.seed)
     rng = random.Random(args.seed)
     walls: dict[str, float] = {}
@@ -197,6 +199,7 @@ def _run(args, shown: list[str]) -> dict:
     import tokenizers
     import transformers
 
+    determinism = determinism_in_force()
     rep = {
         "offline_accept_length_dflash": merged["dflash"].accept_length,
         "offline_accept_length_ddtree": {str(n): merged[f"ddtree-{n}"].accept_length
@@ -217,15 +220,14 @@ def _run(args, shown: list[str]) -> dict:
         "eval": {"prompts": len(prompts), "new_tokens": plan.eval_new_tokens,
                  "prompt_tokens_mean": sum(p["prompt_tokens"] for p in prompts) / len(prompts)},
         "wall_s": walls,
-        # the pair follows from the seed alone only if no phase was cut by its wall-clock cap
-        # and torch warned of no non-deterministic op (common.reproducibility)
+        # the pair follows from the seed alone only if no phase was cut by its wall-clock cap,
+        # torch warned of no non-deterministic op and the settings in force leave it no
+        # non-deterministic choice (common.reproducibility)
         **reproducibility({"target_train": t_res.stopped_early, "generate": gen_stopped,
-                           "draft_train": d_res.stopped_early}, nondeterministic_ops(shown)),
-        "reproducible_definition": "no phase that makes the pair stopped by its wall-clock cap "
-                                   "(stopped_early_phases empty) and no warning during the "
-                                   "run that mentions 'deterministic' (nondeterministic_ops "
-                                   "empty, first line of each)",
-        "determinism": DETERMINISM_SETTINGS,
+                           "draft_train": d_res.stopped_early}, nondeterministic_ops(shown),
+                          determinism),
+        "reproducible_definition": REPRODUCIBLE_DEFINITION,
+        "determinism": determinism,
         "corpus": corp.id(),
         "corpus_train_tokens": int(stream.numel()),
         "seed": args.seed,
@@ -234,7 +236,8 @@ def _run(args, shown: list[str]) -> dict:
         "mask_token_id": mask_id, "eos_token_id": eos_id,
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__,
-                     "tokenizers": tokenizers.__version__},
+                     "tokenizers": tokenizers.__version__, "cuda": torch.version.cuda,
+                     "cudnn": torch.backends.cudnn.version()},
         "device": (torch.cuda.get_device_name(device) if device.type == "cuda"
                    else platform.processor() or "cpu"),
         "sha256": {

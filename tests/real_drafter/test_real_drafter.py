@@ -4,7 +4,8 @@ One toy run (module fixture) of ``benchmarks/real_drafter/train.py --toy`` on a 
 stdlib, then: the target loads with transformers, the tokenizer round-trips the prompts, SGLang
 0.5.17's own DFLASH code accepts the draft config and maps every checkpoint tensor, the
 training-side drafter equals a per-anchor reference written from SGLang's dflash.py, the feature
-tap equals HF's hidden states, and the offline accept lengths obey the tree's invariants.
+tap equals HF's hidden states, the offline accept lengths obey the tree's invariants, and the
+same command in another process writes the same bytes.
 """
 
 from __future__ import annotations
@@ -62,10 +63,18 @@ def test_files_and_report(toy):
         assert (out / f).is_file(), f
     assert json.loads(json.dumps(rep)) == json.loads((out / "report.json").read_text())
     assert rep["offline_accept_length_dflash"] >= 1.0
-    # every phase ran its planned steps and torch warned of no non-deterministic op
+    # every phase ran its planned steps, torch warned of no non-deterministic op, and the
+    # settings in force (read back, not the intent) leave torch no non-deterministic choice
     assert rep["reproducible"] is True
     assert rep["stopped_early_phases"] == [] and rep["nondeterministic_ops"] == []
-    assert rep["determinism"]["train_sdpa_backends"] == ["MATH"]
+    assert rep["settings_not_deterministic"] == []
+    det = rep["determinism"]
+    assert det["use_deterministic_algorithms"] == "strict"
+    assert det["cublas_workspace_config"] in (":4096:8", ":16:8")
+    assert det["sdpa_cudnn_selectable"] is False
+    assert det["cudnn_deterministic"] is True and det["cudnn_benchmark"] is False
+    assert det["train_sdpa_backends"] == ["MATH"]
+    assert "CUBLAS_WORKSPACE_CONFIG" in rep["reproducible_definition"]
     assert rep["target_train"]["steps"] == rep["plan"]["target_steps"]
     assert set(rep["offline_accept_length_ddtree"]) == {"8", "16", "32", "64"}
     assert all(v >= 1.0 for v in rep["offline_accept_length_ddtree"].values())
@@ -76,16 +85,60 @@ def test_files_and_report(toy):
     assert rep["corpus"]["files"] == 60 and len(rep["corpus"]["sha256"]) == 64
 
 
+def _file_hashes(root: Path) -> dict[str, str]:
+    """sha256 of every file under ``root`` but the report (it holds wall times)."""
+    from real_drafter.checkpoint import sha256_file
+
+    return {p.relative_to(root).as_posix(): sha256_file(p) for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != "report.json"}
+
+
+def test_toy_run_is_bitwise_reproducible_in_another_process(toy, tmp_path):
+    """The same command in a fresh process (another hash seed, so no set/dict order of str
+    can hide in it) writes the same bytes: every checkpoint, config, tokenizer and prompt file,
+    and the report's own sha256."""
+    out, rep = toy
+    env = {**os.environ, "PYTHONHASHSEED": "12345",
+           "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO / "benchmarks")])}
+    again = tmp_path / "again"
+    res = subprocess.run([sys.executable, "-m", "real_drafter.train", "--out", str(again),
+                          "--device", "cpu", "--toy", "--corpus-root", rep["corpus"]["root"],
+                          "--seed", "0"], capture_output=True, text=True, timeout=600, env=env,
+                         cwd=REPO)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rep2 = json.loads((again / "report.json").read_text())
+    assert rep2["sha256"] == rep["sha256"]
+    assert _file_hashes(again) == _file_hashes(out)
+    assert rep2["offline_accept_length_dflash"] == rep["offline_accept_length_dflash"]
+    assert rep2["reproducible"] is True
+
+
 def test_toy_run_trains_on_math_sdpa_and_reports_a_nondeterminism_warning(
         tmp_path, monkeypatch):
-    """train.run's wiring: both training phases run inside deterministic_attention, a warning
-    that mentions "deterministic" during the run lands in nondeterministic_ops and makes the
-    run not reproducible although no phase was cut."""
-    from real_drafter import target, train_drafter
+    """train.run's wiring: both training phases run inside deterministic_attention; every
+    phase after the target (generation, features, drafter, evaluation) runs in torch's strict
+    deterministic mode, in which torch never selects cuDNN attention (warn_only let the
+    forward-only phases run it); a warning that mentions "deterministic" during the run lands
+    in nondeterministic_ops and makes the run not reproducible although no phase was cut; the
+    process-wide flags are restored afterwards."""
+    from real_drafter import generate, target, train_drafter
 
     seen = {}
+    strict = {}
+    flags_before = (torch.are_deterministic_algorithms_enabled(),
+                    torch.is_deterministic_algorithms_warn_only_enabled())
+
+    def strict_spy(name, fn):
+        def wrapped(*a, **k):
+            strict.setdefault(name, set()).add(
+                torch.are_deterministic_algorithms_enabled()
+                and not torch.is_deterministic_algorithms_warn_only_enabled())
+            return fn(*a, **k)
+        return wrapped
 
     def spy(name, fn, warn=None):
+        fn = strict_spy(name, fn)
+
         def wrapped(*a, **k):
             b = torch.backends.cuda
             seen[name] = (b.math_sdp_enabled(), b.flash_sdp_enabled(),
@@ -102,6 +155,10 @@ def test_toy_run_trains_on_math_sdpa_and_reports_a_nondeterminism_warning(
     monkeypatch.setattr(target, "train_target", spy("target", target.train_target))
     monkeypatch.setattr(train_drafter, "train_drafter",
                         spy("drafter", train_drafter.train_drafter, flash))
+    monkeypatch.setattr(generate, "greedy_continue",
+                        strict_spy("greedy", generate.greedy_continue))
+    monkeypatch.setattr(generate, "target_features",
+                        strict_spy("features", generate.target_features))
     (tmp_path / "corpus").mkdir()
     corpus_root = _stdlib_corpus(tmp_path / "corpus")
     out = tmp_path / "run"
@@ -109,6 +166,10 @@ def test_toy_run_trains_on_math_sdpa_and_reports_a_nondeterminism_warning(
                                   "--corpus-root", str(corpus_root), "--seed", "0"]))
     assert seen == {"target": (True, False, False, False), "drafter": (True, False, False, False)}
     assert torch.backends.cuda.flash_sdp_enabled()  # restored after training
+    # generation and features run twice (drafter data, evaluation); every call strict
+    assert strict == {"target": {True}, "drafter": {True}, "greedy": {True}, "features": {True}}
+    assert (torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled()) == flags_before
     assert rep["nondeterministic_ops"] == [flash]
     assert rep["stopped_early_phases"] == []
     assert rep["reproducible"] is False
