@@ -11,6 +11,9 @@
 #   gpu_jit_cache.sh restore <tgz>        unpack them (checksum first)
 #   gpu_jit_cache.sh merge <out-dir> <tgz>...   (here, before staging) one archive of several
 #
+# A cache over 16 MiB alone is left out, but what this lease added to it (files newer than the
+# stamp `restore` leaves) goes to jit-cache-new.tgz when that fits; merge it with the others.
+#
 # Caches are taken in priority order while the archive stays within 16 MiB (the largest file
 # a device call brings back); the ones that do not fit go to jit-cache-2.tgz (+ .sha256), a
 # cache over 16 MiB alone is named on stderr and left out, and `save` refuses when not even the
@@ -31,6 +34,7 @@ die() { echo "gpu_jit_cache: $2" >&2; exit "$1"; }
 # kernels, TorchInductor's compiled helpers, CUDA's PTX-to-SASS cache
 CACHES=(.cache/flashinfer .cache/tvm-ffi .triton .cache/torchinductor .nv/ComputeCache)
 INDUCTOR=.cache/torchinductor
+STAMP=.cache/sglang-dflash-jit-restored  # touched by restore
 LIMIT=$((16 * 1024 * 1024))
 MERGE_LIMIT=$((48 * 1024 * 1024))
 
@@ -125,8 +129,38 @@ save)
         echo "gpu_jit_cache: saved ${FILLED[*]} -> $out/jit-cache-2.tgz" \
              "($(($(stat -c %s "$out/jit-cache-2.tgz") / 1024)) KiB; merge both before staging)"
     fi
+    # a cache over 16 MiB alone: what this lease added to it (files newer than the restore's
+    # stamp) may still fit, e.g. FlashInfer's modules for a new head size (2026-12-05 §29:
+    # 51 MB in all, the lease's own share compiled again on the next machine for 158 s)
+    new=()
+    if [ ${#OVER[@]} -gt 0 ] && [ -f "$home/$STAMP" ]; then
+        list=$(mktemp)
+        for c in "${OVER[@]}"; do
+            [ "$c" = "$INDUCTOR" ] && continue
+            before=$(wc -l < "$list")
+            (cd "$home" && find "$c" -type f -newer "$STAMP") >> "$list"
+            [ "$(wc -l < "$list")" -gt "$before" ] && new+=("$c")
+        done
+        if [ -s "$list" ]; then
+            tar czf "$out/jit-cache-new.tgz" -C "$home" -T "$list"
+            if [ "$(stat -c %s "$out/jit-cache-new.tgz")" -le "$LIMIT" ]; then
+                (cd "$out" && sha256sum jit-cache-new.tgz > jit-cache-new.tgz.sha256)
+                echo "gpu_jit_cache: saved what this lease added to ${new[*]}" \
+                     "($(wc -l < "$list") files) -> $out/jit-cache-new.tgz" \
+                     "($(($(stat -c %s "$out/jit-cache-new.tgz") / 1024)) KiB; merge it too)"
+            else
+                rm -f "$out/jit-cache-new.tgz"
+                new=()
+            fi
+        else
+            new=()
+        fi
+        rm -f "$list"
+    fi
     if [ ${#OVER[@]} -gt 0 ]; then
-        echo "gpu_jit_cache: left out (over 16 MiB in either archive): ${OVER[*]}" >&2
+        note=""
+        [ ${#new[@]} -gt 0 ] && note=" (the lease's own additions to ${new[*]}: jit-cache-new.tgz)"
+        echo "gpu_jit_cache: left out (over 16 MiB in either archive): ${OVER[*]}$note" >&2
     fi
     ;;
 merge)
@@ -159,6 +193,8 @@ restore)
         cp -a "$home/$INDUCTOR/." "$inductor_dir/"
         rm -rf "${home:?}/$INDUCTOR"
     fi
+    mkdir -p "$(dirname "$home/$STAMP")"
+    touch "$home/$STAMP"  # save's "what this lease added" is what is newer than this
     echo "gpu_jit_cache: restored $(tar tzf "$tgz" | wc -l) entries into $home"
     ;;
 *) die 2 "unknown command '$1' (save | restore)" ;;

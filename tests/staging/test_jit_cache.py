@@ -236,3 +236,47 @@ def test_inductor_and_ptx_caches_travel_and_go_back_where_torch_looks(tmp_path):
     assert not (new / ".cache" / "torchinductor").exists()
     assert (new / ".nv" / "ComputeCache" / "7" / "sass").read_bytes() == b"sass" * 50
 
+
+
+def test_a_cache_too_big_alone_still_saves_what_the_lease_added(tmp_path):
+    """2026-12-05 (§29): FlashInfer's cache (51 MB) was over 16 MiB alone and left out, so the
+    modules the lease compiled for a new head size were compiled again on the next machine.
+    Now the files newer than the restore's stamp go to jit-cache-new.tgz, which merges."""
+    import time
+
+    home, out, first, merged, fresh = (tmp_path / d for d in
+                                       ("home", "out", "first", "merged", "fresh"))
+    for d in (home, out, first, merged, fresh):
+        d.mkdir()
+    fake_caches(first)
+    assert run(first, "save", str(out)).returncode == 0
+    (out / "jit-cache.tgz").rename(tmp_path / "old.tgz")
+    (out / "jit-cache.tgz.sha256").rename(tmp_path / "old.tgz.sha256")
+    (tmp_path / "old.tgz.sha256").write_text(
+        (tmp_path / "old.tgz.sha256").read_text().replace("jit-cache.tgz", "old.tgz"))
+    assert run(home, "restore", str(tmp_path / "old.tgz")).returncode == 0
+    # the restored FlashInfer cache is big (older files); the lease adds one small module
+    big = home / ".cache/flashinfer/0.6.15.post1/90a/cached_ops/old/big.so"
+    big.parent.mkdir(parents=True)
+    big.write_bytes(os.urandom(17 * 1024 * 1024))
+    os.utime(big, (time.time() - 3600, time.time() - 3600))  # as restored: older than the stamp
+    time.sleep(1.1)
+    added = home / ".cache/flashinfer/0.6.15.post1/90a/cached_ops/hd64/new.so"
+    added.parent.mkdir(parents=True)
+    added.write_bytes(b"NEW" * 100)
+    r = run(home, "save", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "left out (over 16 MiB in either archive): .cache/flashinfer" in r.stderr
+    assert "saved what this lease added to .cache/flashinfer (1 files)" in r.stdout
+    with tarfile.open(out / "jit-cache-new.tgz") as t:
+        assert t.getnames() == [str(added.relative_to(home))]
+    r = run(home, "merge", str(merged), str(tmp_path / "old.tgz"), str(out / "jit-cache.tgz"),
+            str(out / "jit-cache-new.tgz"))
+    assert r.returncode == 0, r.stderr
+    assert run(fresh, "restore", str(merged / "jit-cache.tgz")).returncode == 0
+    assert (fresh / added.relative_to(home)).read_bytes() == b"NEW" * 100
+    # without a restore's stamp (a machine that restored nothing) there is no such archive
+    (home / ".cache/sglang-dflash-jit-restored").unlink()
+    (out / "jit-cache-new.tgz").unlink()
+    assert run(home, "save", str(out)).returncode == 0
+    assert not (out / "jit-cache-new.tgz").exists()
