@@ -404,3 +404,29 @@ def test_warmup_wave_failure_is_one_line(standin_server, tmp_path):
               "--warmup-wave", "--concurrency", "2", "--quiet")
     assert r.returncode == 1
     assert "warm-up wave at concurrency 2 failed" in one_line_error(r.stderr)
+
+
+def test_the_first_warmup_wave_admits_half_beside_running_requests(standin_server):
+    """A server's first prefill admitted beside running requests paused it ~0.4 s once
+    (§28/§29); a closed loop of equal requests need not cause one before the measured level.
+    The warm-up's first wave now starts half its requests 0.25 s after the others."""
+    from sglang_dflash.bench.client import parse_url
+    from sglang_dflash.bench.runner import (
+        SPLIT_ADMISSION_DELAY_S,
+        Sampling,
+        run_level,
+        split_admission_delays,
+    )
+    from sglang_dflash.bench.workload import Prompt
+
+    assert split_admission_delays(1) == [0.0]
+    assert split_admission_delays(4) == [0.0, 0.0, SPLIT_ADMISSION_DELAY_S,
+                                         SPLIT_ADMISSION_DELAY_S]
+    assert split_admission_delays(3) == [0.0, SPLIT_ADMISSION_DELAY_S, SPLIT_ADMISSION_DELAY_S]
+    url = standin_server(STANDIN_TOKEN_DELAY="0.05")  # a request lasts ~0.4 s, as on a GPU
+    prompts = [Prompt(text=f"p{i}") for i in range(4)]
+    level = run_level(parse_url(url), "x", prompts, 4, Sampling(8, 0.0), 30.0,
+                      start_delays=split_admission_delays(4))
+    starts = sorted(r.start for r in level.records)
+    assert all(r.ok for r in level.records) and len(starts) == 4
+    assert starts[1] < 0.2 <= SPLIT_ADMISSION_DELAY_S - 0.05 <= starts[2]

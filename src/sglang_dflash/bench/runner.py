@@ -69,14 +69,31 @@ def one_request(ep: Endpoint, config: str, concurrency: int, index: int, prompt:
     ), False
 
 
+# A staggered warm-up wave's second half starts this long after its first: those requests are
+# decoding by then, so the server admits a prefill beside running requests (§28/§29: a server's
+# first such admission paused it ~0.4 s once, none's included; a closed loop of equal-length
+# requests need not produce one before the measured level does).
+SPLIT_ADMISSION_DELAY_S = 0.25
+
+
+def split_admission_delays(concurrency: int, delay: float = SPLIT_ADMISSION_DELAY_S
+                           ) -> list[float]:
+    """Start delays per worker for a wave that forces a split admission: the first half at
+    once, the rest ``delay`` later (nothing to split below 2)."""
+    half = concurrency // 2
+    return [0.0] * half + [delay if half else 0.0] * (concurrency - half)
+
+
 def run_level(ep: Endpoint, config: str, prompts: Sequence[Prompt], concurrency: int,
               sampling: Sampling, timeout: float,
               on_progress: Callable[[int], None] = lambda done: None,
-              server_gone: Callable[[], str | None] = lambda: None) -> LevelResult:
+              server_gone: Callable[[], str | None] = lambda: None,
+              start_delays: Sequence[float] = ()) -> LevelResult:
     """Send every prompt once with `concurrency` requests in flight; stop early on a fatal error.
 
     `server_gone` is polled while waiting; a message from it (a launched server that
-    exited) stops the level like a fatal request error does.
+    exited) stops the level like a fatal request error does. `start_delays[i]` holds worker
+    i back that many seconds before its first request (``split_admission_delays``).
     """
     result = LevelResult()
     records: list[RequestRecord] = []
@@ -88,7 +105,9 @@ def run_level(ep: Endpoint, config: str, prompts: Sequence[Prompt], concurrency:
     lock = threading.Lock()
     t0 = time.monotonic()
 
-    def worker() -> None:
+    def worker(delay: float = 0.0) -> None:
+        if delay > 0 and stop.wait(delay):
+            return
         while not stop.is_set():
             try:
                 index, prompt = work.get_nowait()
@@ -104,7 +123,8 @@ def run_level(ep: Endpoint, config: str, prompts: Sequence[Prompt], concurrency:
                     result.fatal = rec.error
                     stop.set()
 
-    threads = [threading.Thread(target=worker, daemon=True, name=f"bench-{i}")
+    threads = [threading.Thread(target=worker, daemon=True, name=f"bench-{i}",
+                                args=(start_delays[i] if i < len(start_delays) else 0.0,))
                for i in range(min(concurrency, len(prompts)))]
     for t in threads:
         t.start()

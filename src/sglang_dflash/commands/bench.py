@@ -32,7 +32,7 @@ from sglang_dflash.bench.report import (
     progress_line,
     summary_table,
 )
-from sglang_dflash.bench.runner import Sampling, run_level, warmup
+from sglang_dflash.bench.runner import Sampling, run_level, split_admission_delays, warmup
 from sglang_dflash.bench.stats import (
     RequestRecord,
     Summary,
@@ -112,8 +112,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "state the level measures")
     w.add_argument("--warmup-waves", type=int, default=0, metavar="K",
                    help="K unrecorded waves (K x C requests in one closed loop) before each "
-                        "level: from the second wave on requests arrive as others end, so a "
-                        "server's first split admission is warmed up too (--warmup-wave = 1)")
+                        "level, the first staggered (half of C, the rest 0.25 s later) so the "
+                        "server admits a prefill beside running requests before the level "
+                        "measures (--warmup-wave = 1)")
     w.add_argument("--request-timeout", type=float, default=300.0, metavar="S",
                    help="bound on each whole request (default 300)")
     w.add_argument("--connect-timeout", type=float, default=5.0, metavar="S",
@@ -366,8 +367,9 @@ class Bench:
         """``waves`` x ``c`` unrecorded requests at concurrency ``c`` (one closed loop); the
         first error. Their summary goes to ``run.warmups``: a first-use pause shows there."""
         wave = [self.prompts[i % len(self.prompts)] for i in range(waves * c)]
+        # the first wave staggered: its second half is admitted beside running requests
         level = run_level(ep, plan.label, wave, c, self.sampling, self.args.request_timeout,
-                          server_gone=server_gone)
+                          server_gone=server_gone, start_delays=split_admission_delays(c))
         if level.records:
             self.run.warmups.append(summarize(plan.label, c, level.records, level.duration_s))
         if level.interrupted:
