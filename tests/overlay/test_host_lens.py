@@ -61,10 +61,17 @@ def test_flashinfer_backends_are_recognised_by_class():
     class TritonAttnBackend:
         pass
 
+    class HybridAttnBackend:  # SGLang's: --prefill-/--decode-attention-backend differ
+        def __init__(self, prefill, decode):
+            self.prefill_backend, self.decode_backend = prefill, decode
+
     assert settings.is_flashinfer_backend(FlashInferAttnBackend())
     assert settings.is_flashinfer_backend(Wrapped())
     assert not settings.is_flashinfer_backend(TritonAttnBackend())
     assert not settings.is_flashinfer_backend(None)
+    assert settings.is_flashinfer_backend(HybridAttnBackend(TritonAttnBackend(), Wrapped()))
+    assert not settings.is_flashinfer_backend(HybridAttnBackend(TritonAttnBackend(),
+                                                                TritonAttnBackend()))
 
 
 def test_the_start_up_line_says_which_and_why():

@@ -209,10 +209,19 @@ FLASHINFER_BOUND_REASON = (
     "(sync on FlashInfer) or use --attention-backend triton")
 
 
-def is_flashinfer_backend(backend: Any) -> bool:
-    """Whether ``backend`` is SGLang's FlashInfer attention backend (or a subclass): the one
-    whose plans split the KV by host lengths."""
-    return any(c.__name__.startswith("FlashInfer") for c in type(backend).__mro__)
+# where SGLang's composite backends keep the ones they dispatch to (HybridAttnBackend: a prefill
+# and a decode backend, e.g. --prefill-attention-backend triton with flashinfer decode)
+INNER_BACKEND_FIELDS = ("prefill_backend", "decode_backend", "backend")
+
+
+def is_flashinfer_backend(backend: Any, depth: int = 0) -> bool:
+    """Whether ``backend`` is SGLang's FlashInfer attention backend (or a subclass), or a
+    composite one dispatching to it: the one whose plans split the KV by host lengths."""
+    if any(c.__name__.startswith("FlashInfer") for c in type(backend).__mro__):
+        return True
+    return depth < 3 and any(is_flashinfer_backend(getattr(backend, f, None), depth + 1)
+                             for f in INNER_BACKEND_FIELDS if getattr(backend, f, None)
+                             is not None)
 
 
 def resolve_host_lens(host_lens: str, fast_plan: str, flashinfer: bool = False) -> str:
