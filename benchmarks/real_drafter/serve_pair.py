@@ -21,8 +21,9 @@ mode's no-draft round as K decode steps: ``SGLANG_DFLASH_DDTREE_NODRAFT_STEPS=K`
 tree of N with the policy's meter and choice running, so a profile sets its cost against the
 fixed policy's on dummy weights, where the default schedule would fall back to no draft),
 ``+bound`` / ``+sync`` (a DDTree mode's ``SGLANG_DFLASH_DDTREE_HOST_LENS``: its rounds plan
-from the reserved bound and SGLang stops copying each round's lengths to the host, the default
-since §26; or SGLang copies and waits for them each round, as before).
+from the reserved bound and SGLang stops copying each round's lengths to the host, the Triton
+default; refused with FlashInfer since §29; or SGLang copies and waits for them each round, the
+FlashInfer default).
 
 Per mode: ready time, ``check --url``, the first ``--greedy-prompts`` held-out prompts one at a
 time (output ids, SGLang's per-request spec_accept_length / verify_ct / histogram), the same
