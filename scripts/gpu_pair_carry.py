@@ -38,14 +38,6 @@ class CarryError(Exception):
     """A one-line reason the pair cannot be carried."""
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def checked_files(pair: Path) -> dict[str, str]:
     """The report's ``sha256`` map ({path in the pair: digest}) after checking every file
     against it; a CarryError names the first that is missing or differs."""
@@ -60,7 +52,8 @@ def checked_files(pair: Path) -> dict[str, str]:
         path = pair / rel
         if not path.is_file():
             raise CarryError(f"{path}: missing (the report names it)")
-        got = sha256_file(path)
+        with path.open("rb") as f:
+            got = hashlib.file_digest(f, "sha256").hexdigest()
         if got != want:
             raise CarryError(f"{path}: sha256 {got[:12]} is not the report's {str(want)[:12]}")
     return dict(sums)
