@@ -80,13 +80,13 @@ def handle_dflash(original, server_args):
         raise settings.DDTreeConfigError(reason)
     settings.policy_from_env(budget)  # a bad policy fails here, in the launcher
     settings.nodraft_steps_from_env(1)  # and a bad no-draft step count
-    settings.fast_plan_from_env()  # and a bad fast-plan switch
-    # and a bad host-lengths switch, or the bound with FlashInfer (its plans need exact lengths)
+    # and a bad fast-plan or host-lengths switch, or the bound with FlashInfer: the worker's
+    # rule (resolve_host_lens), here from the flags, before SGLang starts anything
     backends = {facts.attention_backend, facts.prefill_attention_backend,
                 facts.decode_attention_backend,
                 getattr(server_args, "speculative_draft_attention_backend", None)}
-    if settings.host_lens_from_env() == "bound" and "flashinfer" in backends:
-        raise settings.DDTreeConfigError(settings.FLASHINFER_BOUND_REASON)
+    settings.resolve_host_lens(settings.host_lens_from_env(), settings.fast_plan_from_env(),
+                               "flashinfer" in backends)
     plant_path = os.environ.get(settings.PLANT_ENV, "").strip()
     if plant_path:
         from sglang_dflash.sglang_overlay.diagnostics.plant import load_plant
