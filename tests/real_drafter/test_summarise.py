@@ -187,11 +187,13 @@ def test_a_backend_without_none_is_compared_with_another_and_says_so():
         == {}
 
 
-def test_png_has_one_panel_per_backend(toy, tmp_path, monkeypatch):  # noqa: F811
+@pytest.fixture
+def saved_figures(monkeypatch) -> list:
+    """Every matplotlib Figure saved during the test: the plot's panels, titles and legend are
+    read from it."""
     pytest.importorskip("matplotlib", reason="matplotlib is not installed: --png needs it")
     from matplotlib.figure import Figure
 
-    pair, _ = toy
     saved = []
     real = Figure.savefig
 
@@ -200,13 +202,18 @@ def test_png_has_one_panel_per_backend(toy, tmp_path, monkeypatch):  # noqa: F81
         return real(self, *a, **k)
 
     monkeypatch.setattr(Figure, "savefig", spy)
+    return saved
+
+
+def test_png_has_one_panel_per_backend(toy, tmp_path, saved_figures):  # noqa: F811
+    pair, _ = toy
     png = tmp_path / "p.png"
     assert summarise.main(["--report", str(pair / "report.json"),
                            *[a for p in _three_calls(tmp_path) for a in ("--results", str(p))],
                            "--out", str(tmp_path / "o.json"), "--png", str(png),
                            "--machine", "one NVIDIA H100"]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    (fig,) = saved
+    (fig,) = saved_figures
     assert "one NVIDIA H100" in fig.get_suptitle()
     panels = {ax.get_title(): ax for ax in fig.axes}
     assert set(panels) == {"triton attention", "flashinfer attention"}
@@ -218,27 +225,16 @@ def test_png_has_one_panel_per_backend(toy, tmp_path, monkeypatch):  # noqa: F81
         "none", "dflash", "ddtree-16"]
 
 
-def test_modes_in_budget_order_and_the_caption_under_the_plot(tmp_path, monkeypatch):
+def test_modes_in_budget_order_and_the_caption_under_the_plot(tmp_path, saved_figures):
     """ddtree-8 comes before ddtree-16 and -64 (a string sort put it last), adaptive last;
     --caption is printed under the plot (what the figure alone must say)."""
-    pytest.importorskip("matplotlib", reason="matplotlib is not installed: --png needs it")
-    from matplotlib.figure import Figure
-
     modes = ["ddtree-adaptive-16", "ddtree-64", "none", "ddtree-8", "dflash", "ddtree-16"]
     assert sorted(modes, key=summarise._mode_order) == [
         "none", "dflash", "ddtree-8", "ddtree-16", "ddtree-64", "ddtree-adaptive-16"]
-    saved = []
-    real = Figure.savefig
-
-    def spy(self, *a, **k):
-        saved.append(self)
-        return real(self, *a, **k)
-
-    monkeypatch.setattr(Figure, "savefig", spy)
     rows = [{"mode": m, "backend": "triton", "concurrency": 1, "tok_s": 100.0 + i}
             for i, m in enumerate(modes)]
     summarise.plot(rows, tmp_path / "p.png", "a machine", caption="rows of build X")
-    (fig,) = saved
+    (fig,) = saved_figures
     assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == sorted(
         modes, key=summarise._mode_order)
     assert "rows of build X" in [t.get_text() for t in fig.texts]
