@@ -132,28 +132,27 @@ save)
     # a cache over 16 MiB alone: what this lease added to it (files newer than the restore's
     # stamp) may still fit, e.g. FlashInfer's modules for a new head size (2026-12-05 §29:
     # 51 MB in all, the lease's own share compiled again on the next machine for 158 s)
-    new=()
+    new=()  # the caches whose additions were saved
     if [ ${#OVER[@]} -gt 0 ] && [ -f "$home/$STAMP" ]; then
         list=$(mktemp)
+        added=()
         for c in "${OVER[@]}"; do
             [ "$c" = "$INDUCTOR" ] && continue
             before=$(wc -l < "$list")
             (cd "$home" && find "$c" -type f -newer "$STAMP") >> "$list"
-            [ "$(wc -l < "$list")" -gt "$before" ] && new+=("$c")
+            [ "$(wc -l < "$list")" -gt "$before" ] && added+=("$c")
         done
         if [ -s "$list" ]; then
             tar czf "$out/jit-cache-new.tgz" -C "$home" -T "$list"
             if [ "$(stat -c %s "$out/jit-cache-new.tgz")" -le "$LIMIT" ]; then
+                new=("${added[@]}")
                 (cd "$out" && sha256sum jit-cache-new.tgz > jit-cache-new.tgz.sha256)
                 echo "gpu_jit_cache: saved what this lease added to ${new[*]}" \
                      "($(wc -l < "$list") files) -> $out/jit-cache-new.tgz" \
                      "($(($(stat -c %s "$out/jit-cache-new.tgz") / 1024)) KiB; merge it too)"
             else
                 rm -f "$out/jit-cache-new.tgz"
-                new=()
             fi
-        else
-            new=()
         fi
         rm -f "$list"
     fi
