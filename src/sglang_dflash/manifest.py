@@ -112,11 +112,8 @@ def load_manifest(path: Path | None = None) -> Manifest:
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def glob_match(parts: tuple[str, ...], pattern: tuple[str, ...]) -> bool:

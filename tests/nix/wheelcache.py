@@ -46,11 +46,8 @@ def missing(cache: Path | None = None) -> list[Artifact]:
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(4 * MIB), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def download(a: Artifact, cache: Path) -> Path:
