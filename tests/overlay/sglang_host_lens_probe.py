@@ -1,50 +1,88 @@
 """Runs INSIDE the SGLang CPU env: what SGLang's scheduler decides about copying each round's
-lengths to the host, asked of the real DDTree worker class.
+lengths to the host, asked of the real DDTree worker class in SGLang's own order.
 
-``decide_needs_cpu_seq_lens`` (sglang 0.5.17 ``managers/overlap_utils.py``) ORs the
-``needs_cpu_seq_lens`` of the worker's ``spec_v2_attn_backends``; the scheduler reads them once,
-after the workers' CUDA graphs. Both backends here are SGLang's FlashInfer class (which needs
-the lengths). Prints one ``PROBE-JSON`` object.
+``Scheduler.init_model_worker`` constructs the draft worker first and builds the attention
+backends after it (``init_all_attention_backends``); ``init_overlap`` then reads the worker's
+``spec_v2_attn_backends`` once and ORs their ``needs_cpu_seq_lens`` (sglang 0.5.17
+``managers/overlap_utils.decide_needs_cpu_seq_lens``). Deciding at construction saw no backend
+(§30: FlashInfer stayed on the bound). Prints one ``PROBE-JSON`` object.
 """
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 from probe_output import report  # a sibling: the scripts run from this directory
 
 
+def _worker(W, env: dict[str, str]):
+    """A DDTree worker as SGLang has just constructed it: runners, no attention backend yet."""
+    w = object.__new__(W.DDTreeWorkerV2)
+    w._target_worker = SimpleNamespace(model_runner=SimpleNamespace())
+    w.draft_model_runner = SimpleNamespace()
+    w._fast_plan = "on"
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("SGLANG_DFLASH")}
+    os.environ.update(env)
+    try:
+        w._init_host_lens()  # what __init__ runs
+    finally:
+        for k in env:
+            os.environ.pop(k, None)
+        os.environ.update(saved)
+    return w
+
+
+def _build(w, target, draft) -> None:
+    """``init_all_attention_backends``: the backends appear on the runners."""
+    w._target_worker.model_runner.attn_backend = target
+    w.draft_model_runner.attn_backend = draft
+
+
 def main() -> dict:
     from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
     from sglang.srt.managers.overlap_utils import decide_needs_cpu_seq_lens
 
+    from sglang_dflash.sglang_overlay import settings
     from sglang_dflash.sglang_overlay import worker as W
 
-    target = object.__new__(FlashInferAttnBackend)
-    draft = object.__new__(FlashInferAttnBackend)
-    w = object.__new__(W.DDTreeWorkerV2)
-    w._target_worker = SimpleNamespace(model_runner=SimpleNamespace(attn_backend=target))
-    w.draft_model_runner = SimpleNamespace(attn_backend=draft)
     plain = SimpleNamespace(enable_two_batch_overlap=False, speculative_algorithm="DFLASH")
     tbo = SimpleNamespace(enable_two_batch_overlap=True, speculative_algorithm="DFLASH")
-    out: dict = {"flashinfer_needs": bool(FlashInferAttnBackend.needs_cpu_seq_lens)}
-    from sglang_dflash.sglang_overlay import settings
+    fi = (object.__new__(FlashInferAttnBackend), object.__new__(FlashInferAttnBackend))
+    tr = (object.__new__(TritonAttnBackend), object.__new__(TritonAttnBackend))
+    out: dict = {"flashinfer_needs": bool(FlashInferAttnBackend.needs_cpu_seq_lens),
+                 "triton_needs": bool(getattr(TritonAttnBackend, "needs_cpu_seq_lens", False))}
 
-    # unset on these (FlashInfer) backends resolves to sync, as the worker's __init__ does it
-    fi = any(settings.is_flashinfer_backend(b) for b in (target, draft))
-    out["flashinfer_detected"] = fi
-    w._host_lens = settings.resolve_host_lens(settings.host_lens_from_env({}), "on", fi)
-    out["unset"] = decide_needs_cpu_seq_lens(plain, w.spec_v2_attn_backends)
-    # and on a backend that plans nothing from host lengths (the Triton backend's case)
-    w._host_lens = settings.resolve_host_lens(settings.host_lens_from_env({}), "on", False)
-    out["unset_not_flashinfer"] = decide_needs_cpu_seq_lens(plain, w.spec_v2_attn_backends)
-    for mode in ("sync", "bound"):
-        w._host_lens = mode
-        backends = w.spec_v2_attn_backends
-        out[mode] = decide_needs_cpu_seq_lens(plain, backends)
-        out[f"{mode}_wraps"] = [getattr(b, "backend", b) is ref
-                                for b, ref in zip(backends, (target, draft), strict=True)]
-    out["bound_tbo"] = decide_needs_cpu_seq_lens(tbo, w.spec_v2_attn_backends)
+    w = _worker(W, {})
+    out["before_backends"] = w._resolved_host_lens()  # asked too early: sync, not kept
+    _build(w, *fi)
+    backends = w.spec_v2_attn_backends
+    out["unset_flashinfer"] = decide_needs_cpu_seq_lens(plain, backends)
+    out["unset_flashinfer_mode"] = w._resolved_host_lens()
+    out["unset_flashinfer_wraps"] = [getattr(b, "backend", b) is ref
+                                     for b, ref in zip(backends, fi, strict=True)]
+
+    w = _worker(W, {})
+    _build(w, *tr)
+    out["unset_triton"] = decide_needs_cpu_seq_lens(plain, w.spec_v2_attn_backends)
+    out["unset_triton_mode"] = w._resolved_host_lens()
+    out["unset_triton_tbo"] = decide_needs_cpu_seq_lens(tbo, w.spec_v2_attn_backends)
+    w = _worker(W, {})
+    _build(w, tr[0], fi[1])
+    out["triton_and_flashinfer_drafter"] = w._resolved_host_lens()
+
+    w = _worker(W, {settings.HOST_LENS_ENV: "sync"})
+    _build(w, *tr)
+    out["sync_triton"] = decide_needs_cpu_seq_lens(plain, w.spec_v2_attn_backends)
+
+    w = _worker(W, {settings.HOST_LENS_ENV: "bound"})
+    _build(w, *fi)
+    try:
+        w._resolved_host_lens()
+        out["bound_flashinfer"] = "accepted"
+    except settings.DDTreeConfigError as exc:
+        out["bound_flashinfer"] = str(exc)
     return out
 
 

@@ -90,16 +90,23 @@ def probe() -> dict:
 
 def test_sglang_copies_the_lengths_unless_the_round_plans_from_the_bound(probe):
     assert probe["flashinfer_needs"] is True  # what makes SGLang copy them at all
-    assert probe["sync"] is True
-    assert probe["bound"] is False
-    # unset: FlashInfer backends (these) get the exact lengths, others the bound
-    assert probe["flashinfer_detected"] is True
-    assert probe["unset"] is True and probe["unset_not_flashinfer"] is False
-    assert probe["sync_wraps"] == probe["bound_wraps"] == [True, True]
+    # asked before SGLang builds the backends: the safe answer, and not kept
+    assert probe["before_backends"] == "sync"
+    # unset, FlashInfer backends built after the worker (SGLang's order): the exact lengths,
+    # SGLang's own backends handed back unwrapped (§30: decided at construction, they were not)
+    assert probe["unset_flashinfer"] is True and probe["unset_flashinfer_mode"] == "sync"
+    assert probe["unset_flashinfer_wraps"] == [True, True]
+    assert probe["triton_and_flashinfer_drafter"] == "sync"  # either one plans with FlashInfer
+    # unset off FlashInfer: the bound, SGLang stops copying; sync asks for them again
+    assert probe["unset_triton_mode"] == "bound"
+    assert probe["unset_triton"] is False
+    assert probe["sync_triton"] is probe["triton_needs"]  # unwrapped: SGLang decides as it would
+    # an explicit bound with FlashInfer: refused in one line, not planned wrong
+    assert probe["bound_flashinfer"].startswith(f"{settings.HOST_LENS_ENV}=bound with FlashInfer")
 
 
 def test_two_batch_overlap_still_gets_the_lengths(probe):
-    assert probe["bound_tbo"] is True  # SGLang forces them there; the switch does not override
+    assert probe["unset_triton_tbo"] is True  # SGLang forces them there; the switch does not
 
 
 # ---- why FlashInfer needs exact lengths: its own chunk arithmetic, replayed -----------------

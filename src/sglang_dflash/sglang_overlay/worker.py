@@ -293,14 +293,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._nodraft_steps = settings.nodraft_steps_from_env(self.ddtree.draft_width)
         self._fast_plan = settings.fast_plan_from_env()  # "off" | "on" | "check"
         self._split_verify = settings.split_verify_from_env()
-        # "bound" | "sync": bound unless HOST_LENS=sync, FAST_PLAN=0 or a FlashInfer backend
-        # (its split-KV plans need the exact lengths: settings.resolve_host_lens, §29)
-        self._flashinfer_plans = any(
-            settings.is_flashinfer_backend(getattr(r, "attn_backend", None))
-            for r in (target_worker.model_runner, getattr(self, "draft_model_runner", None))
-        )
-        self._host_lens = settings.resolve_host_lens(settings.host_lens_from_env(),
-                                                     self._fast_plan, self._flashinfer_plans)
+        self._init_host_lens()
         self._plan_checks = self._plan_violations = 0  # rounds checked, bounds below the device
         self._round_steps: RoundSteps | None = None  # no-draft rounds cut to what is kept
         if self._policy_spec.adaptive:
@@ -517,9 +510,34 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         checks that bound under ``FAST_PLAN=check``), so the round says so (``HOST_LENS=bound``,
         the default: H100 §26, a round 20-25 % cheaper at bs 1, 9-23 % at bs 8)."""
         backends = super().spec_v2_attn_backends
-        if self._host_lens != "bound":
+        if self._resolved_host_lens() != "bound":
             return backends
         return tuple(PlansFromBound(b) for b in backends)
+
+    def _init_host_lens(self) -> None:
+        """The switch as set; the mode waits for the backends (``_resolved_host_lens``)."""
+        self._host_lens_env = settings.host_lens_from_env()
+        self._host_lens: str | None = None
+        self._flashinfer_plans: bool | None = None
+
+    def _resolved_host_lens(self) -> str:
+        """``bound`` or ``sync`` (``settings.resolve_host_lens``): ``bound`` unless HOST_LENS=sync,
+        FAST_PLAN=0 or a FlashInfer backend plans the target's or the drafter's forwards (its
+        split-KV plans need the exact lengths, §29). Decided from the live backends the first
+        time it is asked: SGLang builds them after constructing this worker
+        (``Scheduler.init_all_attention_backends``), so deciding in ``__init__`` saw none and
+        left FlashInfer on the bound (§30). Asked before they exist, ``sync``, not kept."""
+        if self._host_lens is None:
+            backends = (
+                getattr(getattr(self._target_worker, "model_runner", None), "attn_backend", None),
+                getattr(getattr(self, "draft_model_runner", None), "attn_backend", None),
+            )
+            if any(b is None for b in backends):
+                return "sync"
+            self._flashinfer_plans = any(map(settings.is_flashinfer_backend, backends))
+            self._host_lens = settings.resolve_host_lens(self._host_lens_env, self._fast_plan,
+                                                         self._flashinfer_plans)
+        return self._host_lens
 
     def init_cuda_graphs(self):
         # DFlash's init appends a capture hook for whatever _maybe_build_draft_sampler returns;
@@ -537,8 +555,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             if is_cuda() and any(n > 0 for n in self._targets):
                 fast_plan.warm_up_pack(self.device)
         if self.ps.tp_rank == 0:
-            logger.info(settings.host_lens_line(self._host_lens, self._fast_plan,
-                                                self._flashinfer_plans))
+            logger.info(settings.host_lens_line(self._resolved_host_lens(), self._fast_plan,
+                                                bool(self._flashinfer_plans)))
 
     def _init_budget_targets(self):
         """One target attention backend + verify CUDA graphs per candidate budget.
@@ -675,7 +693,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
     def policy_summary(self) -> dict:
         """The policy and what each batch size has learnt (logged; read by diagnostics)."""
         out = {"policy": self._policy_spec.describe(), "budget": self.ddtree.budget,
-               "fast_plan": self._fast_plan, "host_lens": self._host_lens}
+               "fast_plan": self._fast_plan, "host_lens": self._resolved_host_lens()}
         if self._fast_plan == "check":
             out["fast_plan_checks"] = {"rounds": self._plan_checks,
                                        "violations": self._plan_violations}
