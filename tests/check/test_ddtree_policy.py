@@ -117,6 +117,40 @@ def test_evaluate_policy_pass_fail_skip():
     assert "SGLANG_DFLASH_DDTREE_HOST_LENS=sync" in broke_bound.fix
 
 
+def test_the_bound_with_flashinfer_is_a_fail() -> None:
+    """§30: a worker that planned FlashInfer from the reserved bound served wrong tokens while
+    `check --url` passed; the server's own attention flags now judge the worker's report."""
+    state = {"policy": "fixed", "budget": 16, "fast_plan": "on", "host_lens": "bound"}
+    for field in live.ATTENTION_FIELDS:
+        res = live.evaluate_ddtree_policy(_info(state) | {field: "flashinfer"}, None)
+        assert res.status == "FAIL", field
+        assert f"({field}=flashinfer)" in res.found and "split-KV" in res.found
+        assert settings.HOST_LENS_ENV in res.fix and "\n" not in res.found
+    told = live.evaluate_ddtree_policy(_info(state | {"flashinfer_plans": True}), None)
+    assert told.status == "FAIL" and "(the worker reports it)" in told.found
+    # the bound elsewhere, and exact lengths on FlashInfer, pass
+    assert live.evaluate_ddtree_policy(_info(state) | {"attention_backend": "triton"},
+                                       None).status == "PASS"
+    assert live.evaluate_ddtree_policy(_info(state | {"host_lens": "sync"})
+                                       | {"attention_backend": "flashinfer"}, None).status == "PASS"
+
+
+def test_check_url_fails_a_server_planning_flashinfer_from_the_bound(tmp_path: Path,
+                                                                     standin_server) -> None:
+    args = (*DFLASH, "--attention-backend", "flashinfer")
+    url = wait_healthy(standin_server(*args, SGLANG_DFLASH_DDTREE_BUDGET="16",
+                                      STANDIN_DDTREE_HOST_LENS="bound"))
+    rc, res, _, _ = live_check(tmp_path, url, "--expect-algorithm", "ddtree",
+                               "--expect-ddtree-budget", "16")  # as `serve` checks its servers
+    assert rc == 1 and res["live.ddtree_policy"]["status"] == "FAIL"
+    assert "attention_backend=flashinfer" in res["live.ddtree_policy"]["found"]
+    url = wait_healthy(standin_server(*args, SGLANG_DFLASH_DDTREE_BUDGET="16",
+                                      STANDIN_DDTREE_HOST_LENS="sync"))
+    rc, res, err, _ = live_check(tmp_path, url, "--expect-algorithm", "ddtree",
+                                 "--expect-ddtree-budget", "16")
+    assert rc == 0, (res, err)
+
+
 def test_check_url_reports_the_running_policy(tmp_path: Path, standin_server) -> None:
     url = wait_healthy(standin_server(*DFLASH, SGLANG_DFLASH_DDTREE_BUDGET="16",
                                       SGLANG_DFLASH_DDTREE_POLICY="adaptive"))

@@ -171,6 +171,16 @@ def ddtree_state(info: dict) -> dict | None:
     return None
 
 
+# /server_info's server-argument fields naming an attention backend a DDTree round plans with.
+ATTENTION_FIELDS = ("attention_backend", "prefill_attention_backend",
+                    "decode_attention_backend", "speculative_draft_attention_backend")
+
+
+def flashinfer_fields(info: dict) -> list[str]:
+    """The fields of /server_info that select FlashInfer attention (``field=flashinfer``)."""
+    return [f"{k}=flashinfer" for k in ATTENTION_FIELDS if info.get(k) == "flashinfer"]
+
+
 def describe_slots(slots: dict) -> str:
     """`bs 1 -> 16 (accept 3.20), bs 8 -> 0`: each batch size's current budget."""
     parts = []
@@ -207,6 +217,16 @@ def evaluate_ddtree_policy(info: dict, expected: str | None) -> Result:
         plan += f" ({checks.get('rounds', 0)} rounds checked)"
     if state.get("host_lens") == "bound":
         plan += ", host lengths from the reserved bound"
+    flashinfer = flashinfer_fields(info)
+    if state.get("host_lens") == "bound" and (flashinfer or state.get("flashinfer_plans")):
+        return failed(LAYER, "ddtree_policy", f"policy {policy}: DDTree plans FlashInfer "
+                      f"attention ({', '.join(flashinfer) or 'the worker reports it'}) from the "
+                      "reserved length bound: FlashInfer's split-KV plan then mixes a tree "
+                      "verify's rows and commits tokens the target did not choose "
+                      "(docs/gpu-results.md §29, §30)",
+                      "install this sglang-dflash in the server's environment (its worker plans "
+                      f"FlashInfer from exact lengths), unset {settings.HOST_LENS_ENV}, or use "
+                      "--attention-backend triton")
     if checks.get("violations"):
         return failed(LAYER, "ddtree_policy", f"policy {policy}: the sync-free plan's host bound "
                       f"was below the device prefix in {checks['violations']} of "

@@ -693,7 +693,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
     def policy_summary(self) -> dict:
         """The policy and what each batch size has learnt (logged; read by diagnostics)."""
         out = {"policy": self._policy_spec.describe(), "budget": self.ddtree.budget,
-               "fast_plan": self._fast_plan, "host_lens": self._resolved_host_lens()}
+               "fast_plan": self._fast_plan, "host_lens": self._resolved_host_lens(),
+               "flashinfer_plans": bool(self._flashinfer_plans)}
         if self._fast_plan == "check":
             out["fast_plan_checks"] = {"rounds": self._plan_checks,
                                        "violations": self._plan_violations}

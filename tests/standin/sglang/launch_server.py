@@ -29,6 +29,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--speculative-num-draft-tokens", type=int, default=None)
     p.add_argument("--speculative-dflash-block-size", type=int, default=None)
     p.add_argument("--tp-size", "--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--attention-backend", default=None)
+    p.add_argument("--speculative-draft-attention-backend", default=None)
     p.add_argument("--api-key", default=None)
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--enable-metrics", action="store_true")
@@ -82,6 +84,9 @@ class State:
             except Exception:
                 policy = raw or "fixed"
             state["ddtree"] = {"policy": policy, "budget": int(budget)}
+            forced = os.environ.get("STANDIN_DDTREE_HOST_LENS")
+            if forced:  # a plugin that reports these host lengths (§30's planned from a bound)
+                state["ddtree"]["host_lens"] = forced
         return state
 
     def server_info(self) -> dict:
@@ -94,6 +99,8 @@ class State:
             "speculative_num_draft_tokens": self.num_draft_tokens(),
             "speculative_dflash_block_size": a.speculative_dflash_block_size,
             "tp_size": a.tp_size,
+            "attention_backend": a.attention_backend,
+            "speculative_draft_attention_backend": a.speculative_draft_attention_backend,
             "internal_states": [self.internal_state()],
             "version": "0.5.17",
         }
