@@ -508,7 +508,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         bound it sets itself, and falls back to the reserved lengths SGLang keeps on the host
         when it gives none (``_verify_inputs``, ``_draft_topk``; ``fast_plan.bound_violation``
         checks that bound under ``FAST_PLAN=check``), so the round says so (``HOST_LENS=bound``,
-        the default: H100 §26, a round 20-25 % cheaper at bs 1, 9-23 % at bs 8)."""
+        the mode unset resolves to off FlashInfer: H100 §26, a round 20-25 % cheaper at bs 1,
+        9-23 % at bs 8)."""
         backends = super().spec_v2_attn_backends
         if self._resolved_host_lens() != "bound":
             return backends
