@@ -338,6 +338,32 @@ def _flag_of(arg: str) -> str:
     return arg.split("=", 1)[0]
 
 
+# the SGLang flags naming an attention backend a DDTree round plans with
+ATTENTION_FLAGS = ("--attention-backend", "--prefill-attention-backend",
+                   "--decode-attention-backend", "--speculative-draft-attention-backend")
+
+
+def attention_backends(cfg: InstanceConfig) -> set[str]:
+    """Every attention backend the server's flags name (typed options and extraArgs)."""
+    named = {cfg.attention_backend, cfg.draft_attention_backend}
+    args = cfg.extra_args
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag in ATTENTION_FLAGS:
+            named.add(value if eq else (args[i + 1] if i + 1 < len(args) else None))
+    return {b for b in named if b}
+
+
+def _check_ddtree_switches(cfg: InstanceConfig) -> None:
+    """The DDTree switches the config's environment sets, judged as the launcher judges them
+    (``settings.check_switches``), so a bad one fails the config check, not the service."""
+    try:
+        _overlay_settings.check_switches(dict(cfg.environment),
+                                         "flashinfer" in attention_backends(cfg))
+    except _overlay_settings.DDTreeConfigError as exc:
+        raise ConfigError(f"environment: {exc}") from None
+
+
 def _parse_extra_args(raw: Any) -> tuple[str, ...]:
     if not isinstance(raw, list) or not all(isinstance(a, str) for a in raw):
         raise ConfigError("extraArgs: must be a list of strings")
@@ -440,6 +466,8 @@ def parse_config(raw: Any) -> InstanceConfig:
     values["environment"] = _parse_environment(raw.get("environment", {}))
     values["extra_args"] = _parse_extra_args(raw.get("extraArgs", []))
     cfg = InstanceConfig(**{**values, "offline": False})
+    if cfg.algorithm == "ddtree":
+        _check_ddtree_switches(cfg)
     offline = values.get("offline")
     if offline is None:
         offline = default_offline(cfg.models())

@@ -115,6 +115,38 @@ def test_ddtree_renders_dflash_plus_budget_env():
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
 
 
+@pytest.mark.parametrize("env,extra,fragment", [
+    # the bound with FlashInfer named by the typed key, by extraArgs in both spellings
+    ({"SGLANG_DFLASH_DDTREE_HOST_LENS": "bound"}, {"attentionBackend": "flashinfer"},
+     "SGLANG_DFLASH_DDTREE_HOST_LENS=bound with FlashInfer attention"),
+    ({"SGLANG_DFLASH_DDTREE_HOST_LENS": "bound"},
+     {"extraArgs": ["--speculative-draft-attention-backend", "flashinfer"]},
+     "SGLANG_DFLASH_DDTREE_HOST_LENS=bound with FlashInfer attention"),
+    ({"SGLANG_DFLASH_DDTREE_HOST_LENS": "bound"}, {"extraArgs": ["--attention-backend=flashinfer"]},
+     "SGLANG_DFLASH_DDTREE_HOST_LENS=bound with FlashInfer attention"),
+    ({"SGLANG_DFLASH_DDTREE_HOST_LENS": "later"}, {}, "SGLANG_DFLASH_DDTREE_HOST_LENS='later'"),
+    ({"SGLANG_DFLASH_DDTREE_FAST_PLAN": "yes"}, {}, "SGLANG_DFLASH_DDTREE_FAST_PLAN='yes'"),
+    ({"SGLANG_DFLASH_DDTREE_SPLIT_VERIFY": "2"}, {}, "SGLANG_DFLASH_DDTREE_SPLIT_VERIFY='2'"),
+    ({"SGLANG_DFLASH_DDTREE_NODRAFT_STEPS": "99"}, {}, "outside 1..64"),
+])
+def test_ddtree_switches_in_environment_are_judged_as_the_launcher_judges_them(env, extra,
+                                                                              fragment):
+    with pytest.raises(ConfigError) as exc:
+        parse_config(cfg_with(environment=env, **extra))
+    msg = str(exc.value)
+    assert msg.startswith("environment: ") and fragment in msg and "\n" not in msg
+
+
+def test_ddtree_switches_that_hold_pass_and_other_algorithms_ignore_them():
+    bound = {"SGLANG_DFLASH_DDTREE_HOST_LENS": "bound"}
+    assert parse_config(cfg_with(environment=bound, attentionBackend="triton")).environment
+    assert parse_config(cfg_with(environment={"SGLANG_DFLASH_DDTREE_HOST_LENS": "sync"},
+                                 attentionBackend="flashinfer")).environment
+    dflash = cfg_with(environment=bound, attentionBackend="flashinfer", algorithm="dflash")
+    dflash.pop("ddtree")
+    assert parse_config(dflash).algorithm == "dflash"  # DFLASH reads none of them
+
+
 def test_dflash_has_no_budget_and_none_has_no_speculation():
     dflash = parse_config(cfg_with(algorithm="dflash"))
     assert flag_value(render_argv(dflash), "--speculative-algorithm") == "DFLASH"

@@ -79,14 +79,12 @@ def handle_dflash(original, server_args):
     if reason is not None:
         raise settings.DDTreeConfigError(reason)
     settings.policy_from_env(budget)  # a bad policy fails here, in the launcher
-    settings.nodraft_steps_from_env(1)  # and a bad no-draft step count
-    # and a bad fast-plan or host-lengths switch, or the bound with FlashInfer: the worker's
-    # rule (resolve_host_lens), here from the flags, before SGLang starts anything
+    # and a bad switch (no-draft steps, split verify, fast plan, host lengths) or the bound with
+    # FlashInfer: the worker's rules, here from the flags, before SGLang starts anything
     backends = {facts.attention_backend, facts.prefill_attention_backend,
                 facts.decode_attention_backend,
                 getattr(server_args, "speculative_draft_attention_backend", None)}
-    settings.resolve_host_lens(settings.host_lens_from_env(), settings.fast_plan_from_env(),
-                               "flashinfer" in backends)
+    settings.check_switches(os.environ, "flashinfer" in backends)
     plant_path = os.environ.get(settings.PLANT_ENV, "").strip()
     if plant_path:
         from sglang_dflash.sglang_overlay.diagnostics.plant import load_plant

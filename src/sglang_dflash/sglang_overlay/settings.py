@@ -271,6 +271,16 @@ def nodraft_steps_from_env(draft_width: int, environ: Mapping[str, str] | None =
     return max(1, min(parse_nodraft_steps(env.get(NODRAFT_STEPS_ENV)), int(draft_width)))
 
 
+def check_switches(environ: Mapping[str, str], flashinfer: bool) -> None:
+    """Every DDTree switch ``environ`` sets, parsed as the worker parses it, and the
+    host-lengths rule for a server whose flags select FlashInfer attention (``flashinfer``):
+    the launcher (``hooks.handle_dflash``) and the instance config (``config.parse_config``)
+    ask this one function. A bad value is a one-line DDTreeConfigError."""
+    nodraft_steps_from_env(1, environ)
+    split_verify_from_env(environ)
+    resolve_host_lens(host_lens_from_env(environ), fast_plan_from_env(environ), flashinfer)
+
+
 def is_requested(environ: Mapping[str, str] | None = None) -> bool:
     """Whether the switch is set at all (even to an invalid value, which must fail later)."""
     env = os.environ if environ is None else environ
