@@ -264,6 +264,26 @@ def policy_lines(log: Path) -> list[dict]:
     return out
 
 
+# the worker's start-up lines that say how its rounds plan (host lengths, the sync-free plan):
+# §30's servers said "host lengths: bound" on FlashInfer, the whole diagnosis in one line
+WORKER_LOG_MARKS = ("DDTree host lengths: ", "sync-free FlashInfer plan")
+
+
+def worker_lines(log: Path) -> list[str]:
+    """The DDTree worker's planning lines from the server log, without their timestamps,
+    each once (TP ranks and budgets repeat them)."""
+    out: list[str] = []
+    if log.exists():
+        for line in log.read_text(errors="replace").splitlines():
+            at = min((line.find(m) for m in WORKER_LOG_MARKS if m in line), default=-1)
+            if at >= 0:
+                start = line.rfind("DDTree", 0, at + 1)
+                text = line[start if start >= 0 else at:].strip()[:300]
+                if text not in out:
+                    out.append(text)
+    return out
+
+
 def serve_mode(opts, pair: Path, mode: str, backend: str, prompts: list[dict],
                greedy_n: int, per_level: int, bench_prompts: Path) -> dict:
     algorithm, budget, adaptive = parse_mode(mode)
@@ -287,6 +307,7 @@ def serve_mode(opts, pair: Path, mode: str, backend: str, prompts: list[dict],
             _write_partial(opts, name, rec)
             rec["bench"] = bench_levels(opts, url, name, bench_prompts, per_level)
     rec["policy"] = policy_lines(opts.out / f"serve-{name}.log")
+    rec["worker"] = worker_lines(opts.out / f"serve-{name}.log")
     return rec
 
 
@@ -334,6 +355,7 @@ def seeded_mode(opts, pair: Path, mode: str, backend: str, prompts: list[dict],
                                if rows else None),
     }
     rec["policy"] = policy_lines(opts.out / f"serve-{name}.log")
+    rec["worker"] = worker_lines(opts.out / f"serve-{name}.log")
     return rec
 
 
@@ -428,6 +450,7 @@ def profile_mode(opts, pair: Path, mode: str, backend: str, prompts: list[dict],
             rec["levels"] = [profile_level(url, opts.out / f"{name}-c{c}", prompts, c, steps)
                              for c in levels] if steps > 0 else []
     rec["policy"] = policy_lines(opts.out / f"serve-{name}.log")
+    rec["worker"] = worker_lines(opts.out / f"serve-{name}.log")
     return rec
 
 

@@ -440,3 +440,27 @@ def test_skip_done_broken_file_one_line(pair, tmp_path):
     bad.write_text("{not json")
     r = _run(pair, tmp_path / "o", "--skip-done", str(bad), "none")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "bad.json" in r.stderr
+
+
+def test_worker_lines_keep_how_the_rounds_planned(tmp_path):
+    """§30: the server logs said `host lengths: bound` on FlashInfer; results.json keeps it.
+    The lines are copied from that lease's server log (raw at c0d1031)."""
+    import real_drafter.serve_pair as sp
+
+    lines = [
+        "[2026-12-05 23:58:19] DDTree drafter: sync-free FlashInfer plan on 20 graph wrapper(s).",
+        "[2026-12-05 23:58:19] DDTree verify at width 65: sync-free FlashInfer plan on 20 graph "
+        "wrapper(s).",
+        "[2026-12-05 23:58:19] DDTree host lengths: bound (SGLang does not copy each round's "
+        "lengths to the host; every plan reads the reserved bound).",
+        "[2026-12-05 23:58:20] Capture cuda graph end. Time elapsed: 3.21 s",
+    ]
+    log = tmp_path / "serve-x.log"
+    log.write_text("\n".join(lines + lines[2:3]) + "\n")  # a second rank repeats one
+    assert sp.worker_lines(log) == [
+        "DDTree drafter: sync-free FlashInfer plan on 20 graph wrapper(s).",
+        "DDTree verify at width 65: sync-free FlashInfer plan on 20 graph wrapper(s).",
+        "DDTree host lengths: bound (SGLang does not copy each round's lengths to the host; "
+        "every plan reads the reserved bound).",
+    ]
+    assert sp.worker_lines(tmp_path / "absent.log") == []
