@@ -339,8 +339,8 @@ def _flag_of(arg: str) -> str:
 
 
 # the SGLang flags naming an attention backend a DDTree round plans with
-ATTENTION_FLAGS = ("--attention-backend", "--prefill-attention-backend",
-                   "--decode-attention-backend", "--speculative-draft-attention-backend")
+ATTENTION_FLAGS = tuple(f"--{a.replace('_', '-')}"
+                        for a in _overlay_settings.ATTENTION_BACKEND_ARGS)
 
 
 def attention_backends(cfg: InstanceConfig) -> set[str]:

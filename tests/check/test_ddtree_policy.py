@@ -121,7 +121,7 @@ def test_the_bound_with_flashinfer_is_a_fail() -> None:
     """§30: a worker that planned FlashInfer from the reserved bound served wrong tokens while
     `check --url` passed; the server's own attention flags now judge the worker's report."""
     state = {"policy": "fixed", "budget": 16, "fast_plan": "on", "host_lens": "bound"}
-    for field in live.ATTENTION_FIELDS:
+    for field in settings.ATTENTION_BACKEND_ARGS:
         res = live.evaluate_ddtree_policy(_info(state) | {field: "flashinfer"}, None)
         assert res.status == "FAIL", field
         assert f"({field}=flashinfer)" in res.found and "split-KV" in res.found

@@ -171,14 +171,10 @@ def ddtree_state(info: dict) -> dict | None:
     return None
 
 
-# /server_info's server-argument fields naming an attention backend a DDTree round plans with.
-ATTENTION_FIELDS = ("attention_backend", "prefill_attention_backend",
-                    "decode_attention_backend", "speculative_draft_attention_backend")
-
-
 def flashinfer_fields(info: dict) -> list[str]:
     """The fields of /server_info that select FlashInfer attention (``field=flashinfer``)."""
-    return [f"{k}=flashinfer" for k in ATTENTION_FIELDS if info.get(k) == "flashinfer"]
+    return [f"{k}=flashinfer" for k in settings.ATTENTION_BACKEND_ARGS
+            if info.get(k) == "flashinfer"]
 
 
 def describe_slots(slots: dict) -> str:

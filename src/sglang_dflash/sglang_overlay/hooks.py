@@ -81,9 +81,7 @@ def handle_dflash(original, server_args):
     settings.policy_from_env(budget)  # a bad policy fails here, in the launcher
     # and a bad switch (no-draft steps, split verify, fast plan, host lengths) or the bound with
     # FlashInfer: the worker's rules, here from the flags, before SGLang starts anything
-    backends = {facts.attention_backend, facts.prefill_attention_backend,
-                facts.decode_attention_backend,
-                getattr(server_args, "speculative_draft_attention_backend", None)}
+    backends = {getattr(server_args, a, None) for a in settings.ATTENTION_BACKEND_ARGS}
     settings.check_switches(os.environ, "flashinfer" in backends)
     plant_path = os.environ.get(settings.PLANT_ENV, "").strip()
     if plant_path:

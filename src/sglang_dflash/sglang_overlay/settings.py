@@ -209,6 +209,14 @@ FLASHINFER_BOUND_REASON = (
     "(sync on FlashInfer) or use --attention-backend triton")
 
 
+# The server arguments that name an attention backend a DDTree round plans with (sglang
+# 0.5.17): the launcher reads them from server_args, the instance config as their flags
+# (``--attention-backend`` ...), the live check from /server_info, which lists server_args by
+# these names.
+ATTENTION_BACKEND_ARGS = ("attention_backend", "prefill_attention_backend",
+                          "decode_attention_backend", "speculative_draft_attention_backend")
+
+
 # where SGLang's composite backends keep the ones they dispatch to (HybridAttnBackend: a prefill
 # and a decode backend, e.g. --prefill-attention-backend triton with flashinfer decode)
 INNER_BACKEND_FIELDS = ("prefill_backend", "decode_backend", "backend")
