@@ -249,18 +249,17 @@ def bench_levels(opts, url: str, name: str, prompts: Path, per_level: int) -> li
     return rows
 
 
-def policy_lines(log: Path) -> list[dict]:
-    """The adaptive policy's periodic summaries from the server log (worker logs every 500
-    rounds)."""
+def policy_lines(lines: list[str]) -> list[dict]:
+    """The adaptive policy's periodic summaries among the server log's lines (the worker logs
+    one every 500 rounds)."""
     out = []
-    if log.exists():
-        for line in log.read_text(errors="replace").splitlines():
-            _, hit, tail = line.partition(POLICY_LOG)
-            if hit:
-                try:
-                    out.append(json.loads(tail))
-                except json.JSONDecodeError:
-                    out.append({"unparsed": tail[:300]})
+    for line in lines:
+        _, hit, tail = line.partition(POLICY_LOG)
+        if hit:
+            try:
+                out.append(json.loads(tail))
+            except json.JSONDecodeError:
+                out.append({"unparsed": tail[:300]})
     return out
 
 
@@ -269,19 +268,23 @@ def policy_lines(log: Path) -> list[dict]:
 WORKER_LOG_MARKS = ("DDTree host lengths: ", "sync-free FlashInfer plan")
 
 
-def worker_lines(log: Path) -> list[str]:
-    """The DDTree worker's planning lines from the server log, without their timestamps,
-    each once (TP ranks and budgets repeat them)."""
+def worker_lines(lines: list[str]) -> list[str]:
+    """The DDTree worker's planning lines among the server log's, from ``DDTree`` on (no
+    timestamp), each once (TP ranks and budgets repeat them)."""
     out: list[str] = []
-    if log.exists():
-        for line in log.read_text(errors="replace").splitlines():
-            at = min((line.find(m) for m in WORKER_LOG_MARKS if m in line), default=-1)
-            if at >= 0:
-                start = line.rfind("DDTree", 0, at + 1)
-                text = line[start if start >= 0 else at:].strip()[:300]
-                if text not in out:
-                    out.append(text)
+    for line in lines:
+        if any(m in line for m in WORKER_LOG_MARKS):
+            text = line[max(line.find("DDTree"), 0):].strip()[:300]
+            if text not in out:
+                out.append(text)
     return out
+
+
+def server_log_fields(log: Path) -> dict:
+    """What a mode's record keeps from its server log, read once: ``policy`` (the adaptive
+    policy's summaries) and ``worker`` (how the rounds planned); empty when there is no log."""
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    return {"policy": policy_lines(lines), "worker": worker_lines(lines)}
 
 
 def serve_mode(opts, pair: Path, mode: str, backend: str, prompts: list[dict],
@@ -306,8 +309,7 @@ def serve_mode(opts, pair: Path, mode: str, backend: str, prompts: list[dict],
             rec["greedy_parallel"] = run_requests(url, head, None, parallel=True)
             _write_partial(opts, name, rec)
             rec["bench"] = bench_levels(opts, url, name, bench_prompts, per_level)
-    rec["policy"] = policy_lines(opts.out / f"serve-{name}.log")
-    rec["worker"] = worker_lines(opts.out / f"serve-{name}.log")
+    rec.update(server_log_fields(opts.out / f"serve-{name}.log"))
     return rec
 
 
@@ -354,8 +356,7 @@ def seeded_mode(opts, pair: Path, mode: str, backend: str, prompts: list[dict],
         "accept_length_mean": (sum(r["accept_length"] or 0 for r in rec["rows"]) / len(rows)
                                if rows else None),
     }
-    rec["policy"] = policy_lines(opts.out / f"serve-{name}.log")
-    rec["worker"] = worker_lines(opts.out / f"serve-{name}.log")
+    rec.update(server_log_fields(opts.out / f"serve-{name}.log"))
     return rec
 
 
@@ -449,8 +450,7 @@ def profile_mode(opts, pair: Path, mode: str, backend: str, prompts: list[dict],
             rec["timed"], rec["timed_runs"] = timed_levels(url, prompts, levels, repeats)
             rec["levels"] = [profile_level(url, opts.out / f"{name}-c{c}", prompts, c, steps)
                              for c in levels] if steps > 0 else []
-    rec["policy"] = policy_lines(opts.out / f"serve-{name}.log")
-    rec["worker"] = worker_lines(opts.out / f"serve-{name}.log")
+    rec.update(server_log_fields(opts.out / f"serve-{name}.log"))
     return rec
 
 

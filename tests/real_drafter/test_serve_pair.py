@@ -457,10 +457,10 @@ def test_worker_lines_keep_how_the_rounds_planned(tmp_path):
     ]
     log = tmp_path / "serve-x.log"
     log.write_text("\n".join(lines + lines[2:3]) + "\n")  # a second rank repeats one
-    assert sp.worker_lines(log) == [
+    assert sp.server_log_fields(log)["worker"] == [
         "DDTree drafter: sync-free FlashInfer plan on 20 graph wrapper(s).",
         "DDTree verify at width 65: sync-free FlashInfer plan on 20 graph wrapper(s).",
         "DDTree host lengths: bound (SGLang does not copy each round's lengths to the host; "
         "every plan reads the reserved bound).",
     ]
-    assert sp.worker_lines(tmp_path / "absent.log") == []
+    assert sp.server_log_fields(tmp_path / "absent.log") == {"policy": [], "worker": []}
