@@ -13,6 +13,7 @@ import argparse
 import hashlib
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 
@@ -202,7 +203,9 @@ def plot(rows: list[dict], png: Path, machine: str, caption: str | None = None) 
         ax.set_title(f"{backend} attention", fontsize=9)
         ax.legend(fontsize=8)
     axes[0][0].set_ylabel("output tok/s (log)")
-    fig.suptitle(f"Trained pair (29M Qwen3 + 3-layer DFlash)\n{machine}", fontsize=9)
+    # a machine line longer than the figure is wrapped, not cut at the edges
+    title = "\n".join(textwrap.wrap(machine, 70 + 60 * (panels - 1)))
+    fig.suptitle(f"Trained pair (29M Qwen3 + 3-layer DFlash)\n{title}", fontsize=9)
     fig.tight_layout()
     if caption:  # what a reader of the figure alone must know (e.g. rows of a faulty build)
         fig.subplots_adjust(bottom=0.2)
