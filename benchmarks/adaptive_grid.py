@@ -824,6 +824,7 @@ class Grid:
                        str(NEW_TOKENS), "--temperature", "0", "--ignore-eos", "--prompts",
                        str(prompts), "--warmup", "1" if first else "0", "--warmup-waves",
                        str(e2e.WARMUP_WAVES),
+                       *(["--freeze-gc"] if self.opts.settings.get("freeze_gc") else []),
                        "--json", str(out), "--quiet"])
         self.command(cmd)
         res = e2e.sh(cmd, env=self.opts.env, timeout=max(30.0, min(600.0, left - 10)))
@@ -1225,6 +1226,10 @@ def build_parser() -> Parser:
                     "measured (H200 2026-12-03: 55-60 s + the stop)")
     ap.add_argument("--level-estimate-s", type=float, default=20.0,
                     help="one level before any level has been measured")
+    ap.add_argument("--freeze-gc", action="store_true",
+                    help="bench --freeze-gc at every level: the servers' garbage collectors "
+                    "frozen after each level's warm-up (a grid of its own: resumes only with "
+                    "the flag)")
     ap.add_argument("--export", type=Path, metavar="DIR",
                     help="at the end, copy results.json, the grid, continuations.json and a "
                     "tarball of the rest (logs, configs, bench summaries, plant) to DIR: four "
@@ -1282,6 +1287,8 @@ def setup(args: argparse.Namespace, argv: list[str]) -> Grid:
                 "nodraft_steps": nodraft_steps}
     if args.adaptive_policy != overlay_policy.POLICY_ADAPTIVE:  # earlier grids resume as they were
         settings["adaptive_policy"] = args.adaptive_policy
+    if args.freeze_gc:  # likewise: kept only when on
+        settings["freeze_gc"] = True
     earlier_results(out / "results.json", settings)  # before anything under --out changes
     opts = Opts(out=out, env=env, clock=e2e.Clock(args.time_budget_s),
                 models=e2e.write_models(out / "models", target_cfg, draft_cfg),

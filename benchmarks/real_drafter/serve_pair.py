@@ -234,7 +234,7 @@ def bench_levels(opts, url: str, name: str, prompts: Path, per_level: int) -> li
         args = ["bench", "--url", url, "--concurrency", str(c), "--num-prompts",
                 str(per_level * c), "--max-new-tokens", str(NEW_TOKENS), "--prompts",
                 str(prompts), "--warmup-waves", str(e2e.WARMUP_WAVES), "--json", str(out),
-                "--quiet"]
+                "--quiet", *(["--freeze-gc"] if getattr(opts, "freeze_gc", False) else [])]
         res = e2e.sh(e2e.cli(args), env=opts.env, timeout=max(10.0, min(200.0, left - 15)))
         row: dict = {"concurrency": c, "rc": res["rc"], "seconds": res["seconds"]}
         if out.exists():
@@ -527,6 +527,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--site", required=True, help="the staged site dir")
     ap.add_argument("--backend", default="triton", choices=e2e.BACKENDS)
+    ap.add_argument("--freeze-gc", action="store_true",
+                    help="bench --freeze-gc: each server's garbage collector frozen after a "
+                    "level's warm-up (SGLang's /freeze_gc), so a full collection's stall "
+                    "stays out of the level")
     ap.add_argument("--port", type=int, default=e2e.PORT)
     ap.add_argument("--dummy", action="store_true",
                     help="random weights: --pair gets gpu_e2e's 8B-shaped Qwen3 configs and 64 "
@@ -613,13 +617,14 @@ def main(argv=None) -> int:
     opts.port = args.port  # type: ignore[attr-defined]
     opts.dummy = args.dummy  # type: ignore[attr-defined]
     opts.graph_max_bs = args.graph_max_bs  # type: ignore[attr-defined]
+    opts.freeze_gc = args.freeze_gc  # type: ignore[attr-defined]
     opts.profile_levels = profile_levels  # type: ignore[attr-defined]
     opts.timed_repeats = args.timed_repeats  # type: ignore[attr-defined]
     opts.step_min_s = args.step_min_s  # type: ignore[attr-defined]
     prompts = load_prompts(args.pair)
     bprompts = bench_file(args.out, prompts)
     results: dict = {"modes": args.modes, "pair_report_sha256": None, "serve": {},
-                     "seeded": {}, "profile": {},
+                     "seeded": {}, "profile": {}, "freeze_gc": args.freeze_gc,
                      "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     report = args.pair / "report.json"
     if report.exists():

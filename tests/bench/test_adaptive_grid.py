@@ -824,3 +824,28 @@ def test_adaptive_policy_grid_runs_and_checks_the_schedule_it_set(tmp_path):
     assert want != grid.overlay_policy.parse_policy("adaptive", 64, "t").describe()
     assert f"policy {want} (budget 64)" in chk["policy_line"], chk["policy_line"]
     assert "1:0,3,7,15,31,64;16:" in want  # budget 64 offered up to bs 15 (8 x 65 = 520)
+
+
+def test_freeze_gc_reaches_every_bench_and_pins_the_out(tmp_path):
+    """--freeze-gc: every level's bench gets --freeze-gc (the stand-in logs each real
+    gc.freeze()); a grid measured with it resumes only with it, and one without keeps its
+    settings as before."""
+    out = tmp_path / "o"
+    r = _run("--out", str(out), "--site", f"{STANDIN}{os.pathsep}{REPO / 'src'}", "--port",
+             str(_free_port()), "--levels", "1,2", "--requests-per-level", "4",
+             "--prompts-per-regime", "2", "--regimes", "absent", "--modes", "none",
+             "--freeze-gc", "--keep-records")
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    assert res["settings"]["freeze_gc"] is True
+    benches = sorted(out.glob("bench-*.json"))
+    assert len(benches) == 2
+    assert all("--freeze-gc" in json.loads(b.read_text())["argv"] for b in benches)
+    logs = "".join(p.read_text() for p in out.glob("**/*.log"))
+    assert logs.count("Freezing GC in Scheduler process") == 2
+    plain = ["--out", str(out), "--site", str(REPO / "src"), *TINY]
+    with pytest.raises(grid.UsageError, match=r"other settings \(freeze_gc\)"):
+        grid.setup(grid.build_parser().parse_args(plain), plain)
+    other = ["--out", str(tmp_path / "p"), "--site", str(REPO / "src"), *TINY]
+    assert "freeze_gc" not in grid.setup(grid.build_parser().parse_args(other),
+                                          other).opts.settings

@@ -392,6 +392,46 @@ def test_warmup_waves_send_k_waves_in_one_closed_loop_and_report_them(standin_se
     assert all(w["ttft_p50"] is not None for w in doc["warmups"])
 
 
+def _gc_freezes(url: str) -> int:
+    """The stand-in's standin:gc_freezes_total (every /freeze_gc it answered)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return int(next(ln.split()[-1] for ln in text.splitlines()
+                    if ln.startswith("standin:gc_freezes_total")))
+
+
+def test_freeze_gc_posts_once_per_level_after_its_warmup(standin_server, tmp_path):
+    url = standin_server("--enable-metrics")
+    out = tmp_path / "out.json"
+    r = bench("--url", url, "--num-prompts", "2", "--max-new-tokens", "8", "--warmup", "1",
+              "--warmup-waves", "1", "--freeze-gc", "--concurrency", "1,2", "--json", str(out),
+              "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert _gc_freezes(url) == 2  # one before each level
+    doc = json.loads(out.read_text())
+    assert [s["requests"] for s in doc["summaries"]] == [2, 2]
+    assert "--freeze-gc" in doc["argv"]
+
+
+def test_no_freeze_gc_unless_asked(standin_server, tmp_path):
+    url = standin_server("--enable-metrics")
+    r = bench("--url", url, "--num-prompts", "1", "--max-new-tokens", "4", "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert _gc_freezes(url) == 0
+
+
+def test_freeze_gc_refused_is_one_line_and_nothing_measured(standin_server, tmp_path):
+    url = standin_server(STANDIN_NO_FREEZE_GC="1")
+    out = tmp_path / "out.json"
+    r = bench("--url", url, "--num-prompts", "2", "--max-new-tokens", "8", "--freeze-gc",
+              "--json", str(out), "--quiet")
+    assert r.returncode == 1
+    assert "/freeze_gc answered 404, not 200" in one_line_error(r.stderr)
+    assert json.loads(out.read_text())["summaries"] == []
+
+
 def test_warmup_waves_negative_is_one_line(tmp_path):
     r = bench("--url", "http://127.0.0.1:9", "--warmup-waves", "-1", "--quiet")
     assert r.returncode == 2

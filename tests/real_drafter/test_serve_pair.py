@@ -464,3 +464,23 @@ def test_worker_lines_keep_how_the_rounds_planned(tmp_path):
         "every plan reads the reserved bound).",
     ]
     assert sp.server_log_fields(tmp_path / "absent.log") == {"policy": [], "worker": []}
+
+
+def test_freeze_gc_reaches_every_bench_level(pair, tmp_path):
+    """--freeze-gc: each level's bench freezes the server's collector after its warm-up (the
+    stand-in runs a real gc.freeze() and logs it as SGLang does); off by default."""
+    out = tmp_path / "out"
+    r = _run(pair, out, "--freeze-gc", "none")
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads((out / "results.json").read_text())
+    assert res["freeze_gc"] is True
+    for c in (1, 8, 32):
+        assert "--freeze-gc" in json.loads((out / f"bench-none-triton-c{c}.json").read_text())[
+            "argv"]
+    log = (out / "serve-none-triton.log").read_text()
+    assert log.count("Freezing GC in Scheduler process") == 3
+    plain = tmp_path / "plain"
+    r = _run(pair, plain, "none")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((plain / "results.json").read_text())["freeze_gc"] is False
+    assert "Freezing GC" not in (plain / "serve-none-triton.log").read_text()

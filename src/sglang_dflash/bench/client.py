@@ -84,6 +84,29 @@ def health(ep: Endpoint, timeout: float) -> int:
         conn.close()
 
 
+def freeze_gc(ep: Endpoint, timeout: float) -> str | None:
+    """POST SGLang's ``/freeze_gc`` (the tokenizer manager and the scheduler move every object
+    alive now out of the collector's full passes); a one-line reason when it did not answer 200.
+
+    Why a benchmark wants it: a full (generation-2) collection walks every object a server
+    process holds, ~1 M after start-up (0.5-0.95 s on the CPU machine for the scheduler's
+    imports alone); one such pass stalls every request in flight, once or twice in a server's
+    life, at no batch size in particular (docs/ddtree.md, "A pause once per server")."""
+    conn = ep.connection(timeout)
+    try:
+        conn.request("POST", ep.base_path + "/freeze_gc", headers=ep.headers())
+        resp = conn.getresponse()
+        resp.read()
+    except (OSError, http.client.HTTPException) as e:
+        return f"POST {ep.url}/freeze_gc failed: {type(e).__name__}: {e}"
+    finally:
+        conn.close()
+    if resp.status != 200:
+        return (f"POST {ep.url}/freeze_gc answered {resp.status}, not 200 (SGLang 0.5.17 has the "
+                f"endpoint; an API key with admin rights may be needed)")
+    return None
+
+
 @dataclass
 class StreamResult:
     """Times are seconds from the moment the request was sent."""

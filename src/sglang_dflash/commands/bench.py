@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_dflash.bench import plot, server
-from sglang_dflash.bench.client import Endpoint, health, parse_url
+from sglang_dflash.bench.client import Endpoint, freeze_gc, health, parse_url
 from sglang_dflash.bench.report import (
     ConfigResult,
     best_table,
@@ -115,6 +115,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "level, the first staggered (half of C, the rest 0.25 s later) so the "
                         "server admits a prefill beside running requests before the level "
                         "measures (--warmup-wave = 1)")
+    w.add_argument("--freeze-gc", action="store_true",
+                   help="before each level, after its warm-up, POST the server's /freeze_gc "
+                        "(SGLang's own endpoint): the objects alive then leave the garbage "
+                        "collector's full passes, whose stall of every request in flight "
+                        "(~0.4 s, once or twice a server) then stays out of the level")
     w.add_argument("--request-timeout", type=float, default=300.0, metavar="S",
                    help="bound on each whole request (default 300)")
     w.add_argument("--connect-timeout", type=float, default=5.0, metavar="S",
@@ -337,6 +342,11 @@ class Bench:
                 err = self.warmup_wave(ep, plan, c, server_gone, waves)
                 if err:
                     cres.error = err
+                    return
+            if args.freeze_gc:
+                err = freeze_gc(ep, args.request_timeout)
+                if err:
+                    cres.error = server_gone() or err
                     return
             t0 = time.monotonic()
             name = f"{tag} {plan.label} c={c}"

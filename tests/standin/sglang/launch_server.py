@@ -56,6 +56,7 @@ class State:
         self.args = args
         self.ready = False
         self.requests = 0
+        self.gc_freezes = 0  # /freeze_gc answered (SGLang's endpoint: a real gc.freeze here)
         self.lock = threading.Lock()
         self.profile: dict | None = None  # an active /start_profile
         self.speculative = args.speculative_algorithm not in (None, "", "NONE")
@@ -110,6 +111,8 @@ class State:
         labels = f'model_name="{self.args.served_model_name or self.args.model_path}"'
         lines = ["# TYPE sglang:num_requests_total counter",
                  f"sglang:num_requests_total{{{labels}}} {self.requests}",
+                 "# TYPE standin:gc_freezes_total counter",
+                 f"standin:gc_freezes_total {self.gc_freezes}",
                  "# TYPE sglang:num_running_reqs gauge",
                  f"sglang:num_running_reqs{{{labels}}} 0"]
         if self.speculative:
@@ -173,6 +176,9 @@ def make_handler(state: State):
             if path == "/start_profile":
                 self._start_profile()
                 return
+            if path == "/freeze_gc" and os.environ.get("STANDIN_NO_FREEZE_GC") != "1":
+                self._freeze_gc()
+                return
             if path != "/generate":
                 self._send(404, {"detail": "Not Found"})
                 return
@@ -190,6 +196,19 @@ def make_handler(state: State):
                 state.requests += 1
                 if state.die_after is not None and state.requests >= state.die_after:
                     os._exit(4)
+
+        def _freeze_gc(self) -> None:
+            """SGLang 0.5.17's /freeze_gc: gc.freeze() in the server process, a log line with
+            the generation counts, 200 and a plain-text body."""
+            import gc
+
+            before = len(gc.get_objects(2))
+            gc.freeze()
+            with state.lock:
+                state.gc_freezes += 1
+            print(f"[stand-in sglang] Freezing GC in Scheduler process. gen2: {before}->"
+                  f"{len(gc.get_objects(2))}", file=sys.stderr, flush=True)
+            self._send_text(200, "Garbage collection frozen.\n")
 
         def _start_profile(self) -> None:
             """SGLang's /start_profile with num_steps: the next num_steps decode steps are
