@@ -89,9 +89,9 @@ def freeze_gc(ep: Endpoint, timeout: float) -> str | None:
     alive now out of the collector's full passes); a one-line reason when it did not answer 200.
 
     Why a benchmark wants it: a full (generation-2) collection walks every object a server
-    process holds, ~1 M after start-up (0.5-0.95 s on the CPU machine for the scheduler's
-    imports alone); one such pass stalls every request in flight, once or twice in a server's
-    life, at no batch size in particular (docs/ddtree.md, "A pause once per server")."""
+    process holds (660 k for the scheduler's imports alone, 0.5-0.95 s on the CPU machine) and
+    stalls every request in flight meanwhile: the suspect of the ~0.4 s pause each server had
+    once, at no batch size in particular (docs/ddtree.md, "A pause once per server")."""
     conn = ep.connection(timeout)
     try:
         conn.request("POST", ep.base_path + "/freeze_gc", headers=ep.headers())

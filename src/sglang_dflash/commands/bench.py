@@ -118,8 +118,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     w.add_argument("--freeze-gc", action="store_true",
                    help="before each level, after its warm-up, POST the server's /freeze_gc "
                         "(SGLang's own endpoint): the objects alive then leave the garbage "
-                        "collector's full passes, whose stall of every request in flight "
-                        "(~0.4 s, once or twice a server) then stays out of the level")
+                        "collector's full passes, whose stall of every request in flight is "
+                        "the suspect of the ~0.4 s pause each server had once (docs/ddtree.md)")
     w.add_argument("--request-timeout", type=float, default=300.0, metavar="S",
                    help="bound on each whole request (default 300)")
     w.add_argument("--connect-timeout", type=float, default=5.0, metavar="S",
