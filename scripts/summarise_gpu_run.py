@@ -30,6 +30,14 @@ writes ``RUN_DIR.json`` beside each directory (``--out`` for one directory). A s
 With ``--raw-commit`` every raw file must be in that commit, byte for byte (checked through
 ``git``); a mismatch is one line on stderr and exit status 1. ``--remove`` deletes the raw
 files once their summary is written.
+
+    python3 scripts/summarise_gpu_run.py --refold SUMMARY.json [SUMMARY.json ...]
+
+folds existing summaries further to make room under ``LIMIT_BYTES`` (an old lease's, whose
+figures the docs already carry): in ``files`` every list longer than ``2 x REFOLD_ITEMS`` keeps
+its first and last ``REFOLD_ITEMS`` around a ``{"folded": n}`` marker, every string longer than
+``REFOLD_CHARS`` its two ends; ``raw_files`` and ``raw_location`` (where the raw files still
+are, byte for byte) stay as they were, and ``refolded`` records the parameters.
 """
 
 from __future__ import annotations
@@ -360,6 +368,43 @@ def output_path(target: Path) -> Path:
     )
 
 
+REFOLD_ITEMS = 3
+REFOLD_CHARS = 240
+
+
+def refold(value: object) -> object:
+    """``value`` with long lists and strings folded (see the module docstring)."""
+    if isinstance(value, dict):
+        return {k: refold(v) for k, v in value.items()}
+    if isinstance(value, list):
+        n = REFOLD_ITEMS
+        if len(value) > 2 * n + 1:
+            return [*map(refold, value[:n]), {"folded": len(value) - 2 * n},
+                    *map(refold, value[-n:])]
+        return [refold(v) for v in value]
+    if isinstance(value, str) and len(value) > REFOLD_CHARS:
+        half = REFOLD_CHARS // 2
+        return f"{value[:half]} …[{len(value) - 2 * half} chars folded]… {value[-half:]}"
+    return value
+
+
+def refold_summary(path: Path) -> tuple[int, int]:
+    """Fold one summary file in place; (bytes before, bytes after). SummaryError when it is
+    not a summary this script wrote."""
+    before = path.stat().st_size
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SummaryError(f"{path}: not a readable JSON summary ({exc})") from None
+    if not isinstance(summary, dict) or summary.get("schema") != SCHEMA:
+        raise SummaryError(f"{path}: not a {SCHEMA} summary")
+    summary["files"] = {k: refold(v) for k, v in summary.get("files", {}).items()}
+    summary["refolded"] = {"items": REFOLD_ITEMS, "chars": REFOLD_CHARS,
+                           "why": "room under LIMIT_BYTES; the raw files are at raw_location"}
+    path.write_text(dumps(summary))
+    return before, path.stat().st_size
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("targets", nargs="+", type=Path, help="run directories (or single raw files)")
@@ -368,7 +413,20 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--raw-location", help="where the raw files are kept, in words")
     ap.add_argument("--out", type=Path, help="output file (one target only)")
     ap.add_argument("--remove", action="store_true", help="delete the raw files after summarising")
+    ap.add_argument("--refold", action="store_true",
+                    help="the targets are summaries: fold them further in place")
     args = ap.parse_args(argv)
+    if args.refold:
+        if args.out or args.remove or args.raw_commit or args.raw_location:
+            ap.error("--refold takes summary files only (no --out, --remove, --raw-*)")
+        try:
+            for target in args.targets:
+                before, after = refold_summary(target)
+                print(f"{target}: {before} -> {after} bytes")
+        except SummaryError as exc:
+            print(f"summarise_gpu_run: {exc}", file=sys.stderr)
+            return 1
+        return 0
     if args.out and len(args.targets) != 1:
         ap.error("--out takes one target")
     try:

@@ -428,3 +428,40 @@ def test_bench_repeats_and_trace_top_lists_are_reduced():
         assert out[key] == rows[: summarise_gpu_run.TOP_N]
     assert out["ranges"] == rows[: summarise_gpu_run.TOP_RANGES]
     assert out["other"] == rows
+
+
+def test_refold_shrinks_a_summary_and_keeps_what_the_rules_need(tmp_path, capsys):
+    """--refold (room under the directory's cap): a summary the script wrote, folded in place,
+    keeps its raw_files, raw_location and per-file keys, still passes the layout rules, and
+    keeps the short figures whole; a file that is not a summary is refused in one line."""
+    run = _raw_run(tmp_path / "2030-01-01" / "runA")
+    assert summarise_gpu_run.main([str(run), "--raw-location", "elsewhere", "--remove"]) == 0
+    path = tmp_path / "2030-01-01" / "runA.json"
+    before = json.loads(path.read_text())
+    assert summarise_gpu_run.main(["--refold", str(path)]) == 0
+    after = json.loads(path.read_text())
+    assert after["raw_files"] == before["raw_files"]
+    assert after["raw_location"] == before["raw_location"]
+    assert set(after["files"]) == set(before["files"])
+    assert after["refolded"]["items"] == summarise_gpu_run.REFOLD_ITEMS
+    assert summary_problems(tmp_path) == []
+    res = after["files"]["runA/results.json"]
+    assert res["serve"]["serve:none"]["ready_seconds"] == 61.6123  # figures stay
+    tail = res["serve"]["serve:none"]["log_tail"]["tail"]
+    assert tail[-1] == "l49" and {"folded": len(before["files"]["runA/results.json"]["serve"][
+        "serve:none"]["log_tail"]["tail"]) - 2 * summarise_gpu_run.REFOLD_ITEMS} in tail
+    assert summarise_gpu_run.refold("x" * 1000).count("chars folded") == 1
+    unfolded = [p for p in RUNS.glob("*/*.json") if '"refolded"' not in p.read_text()]
+    real = max(unfolded, key=lambda p: p.stat().st_size)
+    copy = tmp_path / "2030-01-02" / real.name  # the largest unfolded summary here shrinks
+    copy.parent.mkdir()
+    shutil.copy(real, copy)
+    assert summarise_gpu_run.main(["--refold", str(copy)]) == 0
+    assert copy.stat().st_size < 0.8 * real.stat().st_size
+    assert summarise_gpu_run.refold([1, 2, 3, 4, 5, 6, 7]) == [1, 2, 3, 4, 5, 6, 7]
+    not_summary = tmp_path / "other.json"
+    not_summary.write_text('{"schema": "something else"}')
+    capsys.readouterr()
+    assert summarise_gpu_run.main(["--refold", str(not_summary)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a sglang-dflash-gpu-run-summary/1 summary" in err[0]
