@@ -353,14 +353,18 @@ def test_ctrl_c_stops_the_server_it_started(tmp_path):
     assert not listening(port)
 
 
-def _requests_served(url: str) -> int:
-    """The stand-in's sglang:num_requests_total (every /generate it answered)."""
+def _standin_counter(url: str, name: str) -> int:
+    """A counter of the stand-in's /metrics (``--enable-metrics``), by its name."""
     import urllib.request
 
     with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
         text = resp.read().decode()
-    return int(float(next(ln.split()[-1] for ln in text.splitlines()
-                          if ln.startswith("sglang:num_requests_total"))))
+    return int(float(next(ln.split()[-1] for ln in text.splitlines() if ln.startswith(name))))
+
+
+def _requests_served(url: str) -> int:
+    """The stand-in's sglang:num_requests_total (every /generate it answered)."""
+    return _standin_counter(url, "sglang:num_requests_total")
 
 
 def test_warmup_wave_sends_one_unrecorded_wave_per_level(standin_server, tmp_path):
@@ -394,12 +398,7 @@ def test_warmup_waves_send_k_waves_in_one_closed_loop_and_report_them(standin_se
 
 def _gc_freezes(url: str) -> int:
     """The stand-in's standin:gc_freezes_total (every /freeze_gc it answered)."""
-    import urllib.request
-
-    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    return int(next(ln.split()[-1] for ln in text.splitlines()
-                    if ln.startswith("standin:gc_freezes_total")))
+    return _standin_counter(url, "standin:gc_freezes_total")
 
 
 def test_freeze_gc_posts_once_per_level_after_its_warmup(standin_server, tmp_path):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tarfile
@@ -16,40 +15,25 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import free_port
+from tests.real_drafter.test_serve_pair import pair  # noqa: F401  (configs-only pair)
+
 REPO = Path(__file__).resolve().parents[2]
 STANDIN = REPO / "tests" / "standin"
 SCRIPT = REPO / "scripts" / "gpu_pair_call.sh"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
-
-@pytest.fixture
-def pair(tmp_path):
-    root = tmp_path / "pair"
-    for sub in ("target", "draft"):
-        (root / sub).mkdir(parents=True)
-        (root / sub / "config.json").write_text("{}")
-    lines = [json.dumps({"id": i, "text": f"p{i}", "input_ids": [3 + i, 7, 11 + i],
-                         "max_new_tokens": 256}) for i in range(8)]
-    (root / "prompts.jsonl").write_text("\n".join(lines) + "\n")
-    (root / "report.json").write_text("{}")
-    return root
-
-
-def _call(pair: Path, tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, Path]:
+def _call(pair_dir: Path, tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp_path / "OUT"
     out.mkdir(exist_ok=True)
     shim = tmp_path / "bin"  # the GPU host's python3 is the interpreter the tests run
     shim.mkdir(exist_ok=True)
     (shim / "python3").unlink(missing_ok=True)
     (shim / "python3").symlink_to(sys.executable)
-    env = dict(os.environ, OUT=str(out), PAIR=str(pair), ROOT=str(tmp_path / "root"),
+    env = dict(os.environ, OUT=str(out), PAIR=str(pair_dir), ROOT=str(tmp_path / "root"),
                SITE=f"{STANDIN}{os.pathsep}{REPO / 'src'}", STANDIN_TOKEN_DELAY="0.0002",
-               SERVE_PAIR_ARGS=f"--port {_free_port()} --requests-per-level 1 "
+               SERVE_PAIR_ARGS=f"--port {free_port()} --requests-per-level 1 "
                                "--greedy-prompts 2 --seeded-prompts 2",
                PATH=f"{shim}{os.pathsep}{os.environ['PATH']}",
                PYTHONPATH=os.pathsep.join([str(STANDIN), str(REPO / "src"),
@@ -65,7 +49,7 @@ def _members(tgz: Path) -> set[str]:
         return set(tar.getnames())
 
 
-def test_one_tarball_with_the_run_its_log_and_the_tie_margin(pair, tmp_path):
+def test_one_tarball_with_the_run_its_log_and_the_tie_margin(pair, tmp_path):  # noqa: F811
     r, out = _call(pair, tmp_path, "sA", "300", "none", "dflash")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert sorted(p.name for p in out.iterdir()) == ["sA.tgz"]
@@ -92,7 +76,7 @@ def test_one_tarball_with_the_run_its_log_and_the_tie_margin(pair, tmp_path):
     (["sA", "300", "--skip-done"], "--skip-done needs a results.json"),
     (["sA", "300", "--skip-done", "r.json"], "no MODE given"),
 ])
-def test_bad_arguments_one_line_exit_2(pair, tmp_path, args, words):
+def test_bad_arguments_one_line_exit_2(pair, tmp_path, args, words):  # noqa: F811
     r, out = _call(pair, tmp_path, *args)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
