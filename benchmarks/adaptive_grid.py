@@ -1307,6 +1307,22 @@ def _interrupt(signum: int, frame) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
+def signal_name(exc: BaseException) -> str:
+    """The signal an interrupt came from. A signal that lands inside a codec (the ``idna``
+    encode of a health probe's host name) comes out wrapped: a KeyboardInterrupt reading
+    "encoding with 'idna' codec failed (KeyboardInterrupt: SIGTERM)" whose cause is ours; so
+    walk the chain for the one ``_interrupt`` raised. Ctrl-C's own has no name: SIGINT."""
+    names = {s.name for s in (signal.SIGINT, signal.SIGTERM)}
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, KeyboardInterrupt) and cur.args and cur.args[0] in names:
+            return cur.args[0]
+        cur = cur.__cause__ or cur.__context__
+    return "SIGINT"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -1325,7 +1341,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as exc:  # the server was stopped on the way out (Grid.server)
         for sig in previous:  # the saving and the export are not cut off by a second signal
             signal.signal(sig, signal.SIG_IGN)
-        name = exc.args[0] if exc.args and isinstance(exc.args[0], str) else "SIGINT"
+        name = signal_name(exc)
         grid.run["interrupted"] = name
         grid.save()
         if args.export:

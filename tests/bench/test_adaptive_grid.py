@@ -762,6 +762,41 @@ def test_sigterm_while_a_server_starts_stops_it(tmp_path):
     _wait_for(lambda: not _serving(cfg), timeout=10)
 
 
+def _codec_that_is_interrupted(name: str):
+    """A real codec whose encode is cut by our SIGTERM handler's exception, as the idna
+    encode of a health probe's host name was (2026-12-06, the README venv run)."""
+    import codecs
+
+    def encode(text, errors="strict"):
+        raise KeyboardInterrupt("SIGTERM")
+
+    def search(wanted):
+        if wanted != name:
+            return None
+        return codecs.CodecInfo(encode, lambda b, errors="strict": (str(b), len(b)), name=name)
+    codecs.register(search)
+    return search
+
+
+def test_a_signal_caught_inside_a_codec_is_still_named():
+    """Python wraps an exception raised inside a codec (3.11: a KeyboardInterrupt reading
+    "encoding with '…' codec failed (KeyboardInterrupt: SIGTERM)", ours its cause); the
+    one-line message and the exit code must still say SIGTERM."""
+    import codecs
+    search = _codec_that_is_interrupted("sgldflash_interrupted")
+    try:
+        with pytest.raises(KeyboardInterrupt) as info:
+            "host".encode("sgldflash_interrupted")
+    finally:
+        codecs.unregister(search)
+    assert grid.signal_name(info.value) == "SIGTERM"
+    assert grid.signal_name(KeyboardInterrupt("SIGINT")) == "SIGINT"
+    assert grid.signal_name(KeyboardInterrupt()) == "SIGINT"  # Ctrl-C's own
+    wrapped = KeyboardInterrupt("encoding with 'x' codec failed")
+    wrapped.__context__ = ValueError("unrelated")
+    assert grid.signal_name(wrapped) == "SIGINT"
+
+
 def test_the_request_timeline_keeps_when_each_request_ran():
     """The bench JSON files drop their per-request records (7 kB each, most of it per-token
     gaps); the timeline keeps start, time to first token, latency and tokens, in start order."""
