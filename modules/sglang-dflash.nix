@@ -301,6 +301,17 @@ let
         default = true;
         description = "Run `sglang-dflash check --offline --config <instance config>` in ExecStartPre (it also validates the config): a broken environment never starts, and the journal says why.";
       };
+      freezeGc = mkOption {
+        type = types.bool;
+        default = true;
+        description = ''
+          Once SGLang answers /health (its own warm-up request done), serve POSTs SGLang's
+          /freeze_gc so the Python collectors' full passes skip everything alive after the
+          start. Without it each server stalled every request in flight once, ~0.4 s, at its
+          first full collection (docs/service.md, "freezeGc"). A server that refuses is still
+          served, with one line in the journal.
+        '';
+      };
       startTimeout = mkOption {
         type = between limits.startTimeout;
         default = 1800;
@@ -333,7 +344,7 @@ let
       inherit (config) model modelRevision draftModel draftModelRevision algorithm blockSize
         host port gpus tensorParallelSize memFractionStatic attentionBackend
         draftAttentionBackend contextLength maxRunningRequests servedModelName apiKeyFile
-        environment extraArgs preflight startTimeout loadFormat draftLoadFormat
+        environment extraArgs preflight freezeGc startTimeout loadFormat draftLoadFormat
         skipTokenizerInit multiNode offline;
       metrics = { inherit (config.metrics) enable; };
       ddtree = { inherit (config.ddtree) budget policy; };

@@ -121,6 +121,8 @@ class InstanceConfig:
     load_format: str | None = None
     draft_load_format: str | None = None
     skip_tokenizer_init: bool = False
+    # serve POSTs SGLang's /freeze_gc once the server is ready (docs/service.md, "freezeGc")
+    freeze_gc: bool = True
     cache_dir: str | None = None
     metrics_enable: bool = False
     multi_node: MultiNodeConfig | None = None
@@ -179,6 +181,7 @@ _SCALARS: dict[str, tuple[tuple[type, ...], bool]] = {
     "loadFormat": ((str,), True),
     "draftLoadFormat": ((str,), True),
     "skipTokenizerInit": ((bool,), False),
+    "freezeGc": ((bool,), False),
     "cacheDir": ((str,), True),
     "offline": ((bool,), True),
 }

@@ -27,12 +27,15 @@ from pathlib import Path
 
 from sglang_dflash import sdnotify
 from sglang_dflash.apikey import read_api_key
+from sglang_dflash.bench.client import Endpoint
+from sglang_dflash.bench.client import freeze_gc as post_freeze_gc
 from sglang_dflash.config import InstanceConfig, render_argv, render_env
 from sglang_dflash.config import unset_env as config_unset_env
 from sglang_dflash.hosts import health_host
 
 STDERR_TAIL = 20
 TERM_GRACE_S = 30.0
+FREEZE_GC_TIMEOUT_S = 30.0
 
 
 def _err(msg: str) -> None:
@@ -255,6 +258,27 @@ class Supervisor:
             return self.proc.wait()
 
 
+def freeze_gc_target(cfg: InstanceConfig) -> bool:
+    """Whether serve freezes this instance's collectors once it is ready: ``freezeGc`` on, and
+    this host runs the HTTP server (a multi-node rank other than 0 has none)."""
+    return cfg.freeze_gc and (cfg.multi_node is None or cfg.multi_node.node_rank == 0)
+
+
+def freeze_after_ready(cfg: InstanceConfig, key: str | None,
+                       timeout: float = FREEZE_GC_TIMEOUT_S) -> str:
+    """POST SGLang's /freeze_gc once /health answers (SGLang has run its own warm-up request
+    by then): every object alive after the start (imports, weights' wrappers, CUDA graphs)
+    leaves the collectors' full passes. Without it each server stalled every request in flight
+    once, ~0.4 s, at its first full collection (H100: 3 of 6 c = 8 levels in §28 against none
+    of 6 with the freeze in §32, docs/gpu-results.md). The line serve logs; a server that
+    refuses is still served (the freeze is a latency fix, not a condition of serving)."""
+    ep = Endpoint("http", health_host(cfg.host), cfg.port, "", key)
+    why = post_freeze_gc(ep, timeout)
+    if why is None:
+        return "froze SGLang's garbage collectors after its warm-up (freezeGc; POST /freeze_gc)"
+    return f"could not freeze SGLang's garbage collectors (freezeGc): {why}; serving without it"
+
+
 def _report_death(sup: Supervisor, when: str) -> None:
     code = sup.proc.returncode
     lines = sup.tail.finish()
@@ -331,6 +355,8 @@ def supervise(cfg: InstanceConfig, interval: float, environ: dict[str, str],
             _report_death(sup, "after the start timeout")
             return 1
         took = time.monotonic() - started
+        if sup.signalled is None and freeze_gc_target(cfg):
+            _err(freeze_after_ready(cfg, key))
         status = f"serving {cfg.served_model_name or cfg.model} ({cfg.algorithm}) on {where}"
         if sup.signalled is None:  # a stop that raced the last probe: no READY after STOPPING
             sdnotify.notify(f"READY=1\nSTATUS={status}", environ)

@@ -104,6 +104,7 @@ def test_minimal_ddtree_instance_renders_a_notify_unit():
     argv = render_argv(cfg)
     assert argv[argv.index("--speculative-algorithm") + 1] == "DFLASH"
     assert render_env(cfg)[DDTREE_BUDGET_ENV] == "32"
+    assert cfg.freeze_gc is True  # the module's default, serve's too
 
 
 def test_every_option_reaches_config_or_unit():
@@ -120,7 +121,7 @@ def test_every_option_reaches_config_or_unit():
         loadFormat = "dummy"; draftLoadFormat = "dummy"; skipTokenizerInit = true;
         apiKeyFile = "/run/secrets/sglang-key"; environment = { NCCL_DEBUG = "WARN"; };
         environmentFile = "/run/secrets/sglang-env"; extraArgs = [ "--cuda-graph-max-bs" "8" ];
-        openFirewall = true; preflight = false; startTimeout = 100;
+        openFirewall = true; preflight = false; freezeGc = false; startTimeout = 100;
         user = "sglang"; group = "gpu";
       };
       off = { enable = false; model = "m"; algorithm = "none"; gpus = [ 2 ]; port = 31000; };
@@ -149,6 +150,7 @@ def test_every_option_reaches_config_or_unit():
         "load_format": "dummy", "draft_load_format": "dummy", "skip_tokenizer_init": True,
         "api_key_file": "/run/secrets/sglang-key", "environment": (("NCCL_DEBUG", "WARN"),),
         "extra_args": ("--cuda-graph-max-bs", "8"), "preflight": False, "start_timeout": 100,
+        "freeze_gc": False,
     }
     for field, value in expected.items():
         assert getattr(cfg, field) == value, field

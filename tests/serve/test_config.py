@@ -72,6 +72,8 @@ def flag_value(argv: list[str], flag: str) -> str | None:
         (cfg_with(name="a/b"), "name", "must match"),
         (cfg_with(startTimeout=0), "startTimeout", "outside"),
         (cfg_with(preflight="yes"), "preflight", "boolean"),
+        (cfg_with(freezeGc="yes"), "freezeGc", "boolean"),
+        (cfg_with(freezeGc=None), "freezeGc", "must be set"),
         ({"name": "x"}, "model", "required"),
         ([], "config", "JSON object"),
     ],
@@ -196,7 +198,7 @@ def test_known_keys_cover_the_documented_contract():
                 "algorithm", "ddtree", "blockSize", "host", "port", "gpus",
                 "tensorParallelSize", "memFractionStatic", "attentionBackend", "contextLength",
                 "maxRunningRequests", "servedModelName", "apiKeyFile", "environment",
-                "extraArgs", "preflight", "startTimeout"}
+                "extraArgs", "preflight", "startTimeout", "freezeGc"}
     assert contract <= set(KNOWN_KEYS)
 
 

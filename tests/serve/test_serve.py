@@ -235,6 +235,50 @@ def test_api_key_goes_through_private_file_not_argv(tmp_path, make_config, start
     assert json.loads(key_yaml.read_text()) == {"api-key": key}
     err.wait_for("ready after", 15)
     assert not key_yaml.exists(), "the key file must be removed once SGLang is up"
+    # the stand-in answers POST /freeze_gc only with the key (401 otherwise): serve sent it
+    assert "froze SGLang's garbage collectors" in err.text(), err.text()
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=10)
+
+
+def test_collectors_are_frozen_once_ready_and_before_ready_is_notified(tmp_path, make_config,
+                                                                      start_serve):
+    """freezeGc (on by default): once /health answers, serve POSTs /freeze_gc (the stand-in runs
+    a real gc.freeze() and logs it), says so in one line, and only then notifies READY=1."""
+    path, _ = make_config()
+    notify = NotifySocket(tmp_path, abstract=False)
+    p = start_serve(path, {"NOTIFY_SOCKET": notify.env, "STANDIN_READY_DELAY": "0.5"})
+    err = Lines(p.stderr)
+    notify.wait_for("READY=1", 15)
+    ready_at = err.wait_for("ready after", 5)
+    frozen_at = err.wait_for("froze SGLang's garbage collectors after its warm-up", 1)
+    assert frozen_at <= ready_at
+    err.wait_for("Freezing GC in Scheduler process", 1)  # the child's own line, relayed
+    assert err.text().count("Freezing GC in Scheduler process") == 1
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=10)
+
+
+def test_freeze_gc_off_sends_nothing(make_config, start_serve):
+    path, _ = make_config(freezeGc=False)
+    p = start_serve(path)
+    err = Lines(p.stderr)
+    err.wait_for("ready after", 15)
+    time.sleep(0.3)
+    assert "Freezing GC" not in err.text() and "froze" not in err.text()
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=10)
+
+
+def test_a_server_that_refuses_the_freeze_is_still_served(make_config, start_serve):
+    """An SGLang without /freeze_gc (404): one line saying so, and the server is served."""
+    path, raw = make_config()
+    p = start_serve(path, {"STANDIN_NO_FREEZE_GC": "1"})
+    err = Lines(p.stderr)
+    err.wait_for("ready after", 15)
+    line = next(ln for ln in err.text().splitlines() if "could not freeze" in ln)
+    assert "answered 404" in line and line.endswith("serving without it"), line
+    assert health(raw["port"]) == 200 and p.poll() is None
     p.send_signal(signal.SIGTERM)
     p.wait(timeout=10)
 
