@@ -16,20 +16,21 @@ that earns nothing makes every round a loss, so the budget is chosen per round:
 * The slot picks the candidate with the most tokens per millisecond. Budgets above the running
   one are unseen, so the slot runs its largest candidate once every ``probe`` rounds; the probe
   interval doubles while probes confirm the choice (the probing overhead falls to <1 %).
-* A probe whose own round says a larger budget beats the current choice is **followed up**:
-  the slot keeps running its largest candidate, round after round, while the mean of the
-  rounds *after* that probe says so (at most ``confirm_max`` rounds). After ``confirm_min`` of
-  them their mean, shrunk toward the EMAs the follow-up started from (weight
-  ``follow_prior`` rounds), replaces the stale EMAs if it beats the current choice, and the
-  slot switches. One probe moves an EMA by ``alpha`` only, so after a long stretch of weak
-  drafts a budget that now earns 3x needed many probes, one per new request or per probe
-  interval (H200 §22: the slot at bs 1 stayed on no draft through most of the branchy level:
-  accept 3.71 served, where its tree accepted 3.14 a round and a no-draft round counts 8; 278
-  tok/s where the tree's own rounds gave 367). The probe that opens a follow-up is not in the
-  mean, and the mean is shrunk, because a follow-up opens *because* a round was lucky: where
-  the two choices are close, the lucky round plus three average ones switched the slot to a
-  tree that then lost until its EMA decayed (H200 §25, bs 8 on branchy: budget 31 earned 2.1
-  a round in 9.8 ms, no draft 8 in 32.4; 12 switches in ~450 rounds, 0.80 x DFLASH).
+* A probe whose own round says a larger budget beats the current choice is **followed up**: the
+  slot keeps running its largest candidate, round after round, while the mean of the rounds
+  *after* that probe says so (at most ``confirm_max`` rounds). After ``confirm_min`` of them
+  their mean, shrunk toward the accept EMAs over every batch size's rounds when it opened
+  (weight ``follow_prior`` rounds; the slot's own may be stale), replaces the slot's EMAs if it
+  beats the current choice, and the slot switches. One probe moves an EMA by ``alpha`` only, so
+  after a long stretch of weak drafts a budget that now earns 3x needed many probes, one per new
+  request or per probe interval (H200 §22: the slot at bs 1 stayed on no draft through most of
+  the branchy level: accept 3.71 served, where its tree accepted 3.14 a round and a no-draft
+  round counts 8; 278 tok/s where the tree's own rounds gave 367). The probe that opens a
+  follow-up is not in the mean, and the mean is shrunk, because a follow-up opens *because* a
+  round was lucky: where the two choices are close, the lucky round plus three average ones
+  switched the slot to a tree that then lost until its EMA decayed (H200 §25, bs 8 on branchy:
+  budget 31 earned 2.1 a round in 9.8 ms, no draft 8 in 32.4; 12 switches in ~450 rounds, 0.80 x
+  DFLASH).
 * The EMAs move by ``alpha`` = 0.05 a round: one round's accept length at bs 1 is noisy (a
   geometric number of drafts), and at 0.2 a few bad rounds made a paying tree fall back
   (simulated in tests/overlay/test_policy.py: half the rounds without a draft).
@@ -319,6 +320,8 @@ class AdaptivePolicy:
         self.follow_prior = follow_prior
         self.slots: dict[int, Slot] = {}
         self._cost_seen: dict[tuple[int, int], int] = {}
+        # accept EMA per budget over every slot's rounds: a follow-up's prior (``observe``)
+        self.pooled: dict[int, float] = {}
 
     def slot(self, padded_bs: int) -> Slot:
         s = self.slots.get(padded_bs)
@@ -417,12 +420,21 @@ class AdaptivePolicy:
         if regular:
             s.probes_out -= 1
         if regular and not s.confirming:
-            s.prior = dict(s.accept)  # before this round: a follow-up it opens shrinks to it
+            # before this round: a follow-up it opens shrinks toward the freshest estimate of
+            # what each budget accepts, the EMA over every batch size's rounds (a request's
+            # accept does not depend on the batch it runs in). The slot's own EMA is stale
+            # after a change of traffic it ran without drafting through (H100 §32, branchy
+            # c = 8 after absent: the bs-8 slot's EMA of budget 31 at 1.0-1.8 while bs 1 had
+            # just run 700 rounds of branchy; 7 follow-ups of a tree 11 % ahead, none adopted)
+            s.prior = {n: self.pooled.get(n, v) if n > 0 else v for n, v in s.accept.items()}
         a = self.alpha
         for n, v in accept_by_budget.items():
             if n in s.candidates and n > 0:
                 old = s.accept.get(n)
                 s.accept[n] = v if old is None else (1 - a) * old + a * v
+            if n > 0:
+                old = self.pooled.get(n)
+                self.pooled[n] = v if old is None else (1 - a) * old + a * v
         # a regular probe's cost is not a sample: one tree round among no-draft rounds costs
         # more than the same round in a run of them (H200 2026-12-05, meter: budget 64 at bs 1
         # 8.2 ms fed by probes, 5.5-6.5 in a run; 31 at bs 8 10.9 against 7.8), and a slot that
@@ -498,9 +510,10 @@ class AdaptivePolicy:
         regular probe that says a larger budget wins opens a follow-up (it is not counted: it
         was chosen for its luck); the follow-up runs ``confirm_min`` rounds of its own, then
         ends once their mean does not beat the current choice, and while it does, their mean
-        shrunk toward the EMAs it started from (``follow_prior`` rounds of weight) replaces
-        the EMAs once that beats the current choice, and the slot switches. Its own rounds'
-        mean cost stands for ``ran``'s cost throughout and replaces the EMA on adoption: they
+        shrunk toward the pooled accept EMAs it started from (``follow_prior`` rounds of
+        weight) replaces the EMAs once that beats the current choice, and the slot switches.
+        Its own rounds' mean cost (its first round left out) stands for ``ran``'s cost
+        throughout and replaces the EMA on adoption: they
         run the tree round after round, as the slot would after switching, where the EMA may
         hold only costs borrowed or measured long ago (H200 2026-12-05, bs 8 on branchy: the
         follow-ups' rounds cost 7.8 ms, the EMA said 10.9, and 4 of 6 follow-ups ended on a
@@ -518,7 +531,11 @@ class AdaptivePolicy:
         for n, v in accept_by_budget.items():
             s.streak[n] = s.streak.get(n, 0.0) + v
         s.streak_rounds += 1
-        if cost_ms is not None and cost_ms > 0:
+        # the follow-up's first round is the first at its width after rounds at another, and
+        # pays what such a round pays (H100 §32, bs 8: ~13 ms against 10.1 in a run; §27's
+        # lone probes 10.95 against 7.82); the rounds after it cost what the slot would pay
+        # after switching, and only they stand for the tree's cost
+        if cost_ms is not None and cost_ms > 0 and s.streak_rounds > 1:
             s.streak_cost.append(cost_ms)
         own = {ran: sum(s.streak_cost) / len(s.streak_cost)} if s.streak_cost else {}
         k = s.streak_rounds
