@@ -889,13 +889,14 @@ def test_a_slot_that_fell_back_learns_from_the_other_batch_sizes():
     (0.241 a ms per request) against no draft's 8 in 36.96 (0.216), but the bs-8 slot's EMA of
     31 was absent's (1.0-1.8) while bs 1 had just run branchy: 7 follow-ups opened, none adopted,
     and the level ran 0.82 x DFLASH on mostly no-draft rounds. A follow-up now shrinks toward
-    the accept EMA over every batch size's rounds, and judges the tree's cost without its first
-    round (the first at that width after no-draft rounds, ~13 ms): over 12 seeds the measured
-    waves run at 0.983 x the tree's rate on average with no draft in 16 % of their rounds
-    (before: 0.965 and 31 %)."""
+    the accept EMA over every batch size's rounds, judges the tree's cost without its first
+    round (the first at that width after no-draft rounds, ~13 ms), and ends only when its mean
+    does not beat no draft at all (at the 3 % switching margin a few noisy rounds ended it):
+    over 12 seeds the measured waves run at 0.993 x the tree's rate on average with no draft in
+    8 % of their rounds (before: 0.965 and 31 %)."""
     tree = 8 * 2.43 / BS8_H100_SYNC[31]
     runs = [serve_grid_order(AdaptivePolicy(auto_schedule(64), nodraft_tokens=8), seed)
             for seed in range(12)]
     rates = [r / tree for r, _ in runs]
-    assert sum(rates) / len(rates) >= 0.975, rates
-    assert sum(z for _, z in runs) / len(runs) <= 0.22, runs
+    assert sum(rates) / len(rates) >= 0.985, rates
+    assert sum(z for _, z in runs) / len(runs) <= 0.12, runs
