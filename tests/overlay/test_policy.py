@@ -831,7 +831,8 @@ def test_a_weak_drafter_with_some_known_texts_stays_near_no_draft(share_known):
 
 
 # H100 §32 (FlashInfer, exact lengths), the adaptive server's meter, ms a round: bs 1, and bs 8
-# in a run of one budget (a tree round after no-draft rounds costs ~13 ms there)
+# in a run of one budget; a tree round after no-draft rounds is taken at 13 ms there (the slot's
+# host wall over runs three rounds long: 13.2-14.6 ms)
 BS1_H100_SYNC = {0: 33.9, 3: 6.67, 7: 6.88, 15: 7.10, 31: 7.02, 64: 7.84}
 BS8_H100_SYNC = {0: 36.96, 3: 9.15, 7: 9.45, 15: 9.93, 31: 10.08}
 
@@ -890,7 +891,7 @@ def test_a_slot_that_fell_back_learns_from_the_other_batch_sizes():
     31 was absent's (1.0-1.8) while bs 1 had just run branchy: 7 follow-ups opened, none adopted,
     and the level ran 0.82 x DFLASH on mostly no-draft rounds. A follow-up now shrinks toward
     the accept EMA over every batch size's rounds, judges the tree's cost without its first
-    round (the first at that width after no-draft rounds, ~13 ms), and ends only when its mean
+    round (the first at that width after no-draft rounds, ~13 ms there), and ends only when its mean
     does not beat no draft at all (at the 3 % switching margin a few noisy rounds ended it):
     over 12 seeds the measured waves run at 0.993 x the tree's rate on average with no draft in
     8 % of their rounds (before: 0.965 and 31 %)."""

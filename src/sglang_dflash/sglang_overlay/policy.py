@@ -533,9 +533,10 @@ class AdaptivePolicy:
             s.streak[n] = s.streak.get(n, 0.0) + v
         s.streak_rounds += 1
         # the follow-up's first round is the first at its width after rounds at another, and
-        # pays what such a round pays (H100 §32, bs 8: ~13 ms against 10.1 in a run; §27's
-        # lone probes 10.95 against 7.82); the rounds after it cost what the slot would pay
-        # after switching, and only they stand for the tree's cost
+        # pays what such a round pays (H100 §32, bs 8: the host wall of runs three rounds long
+        # 13.2-14.6 ms, of budget 31 in long runs 10.5; §27's lone probes 10.95 against 7.82);
+        # the rounds after it cost what the slot would pay after switching, and only they stand
+        # for the tree's cost
         if cost_ms is not None and cost_ms > 0 and s.streak_rounds > 1:
             s.streak_cost.append(cost_ms)
         own = {ran: sum(s.streak_cost) / len(s.streak_cost)} if s.streak_cost else {}
