@@ -269,8 +269,8 @@ def freeze_after_ready(cfg: InstanceConfig, key: str | None,
     """POST SGLang's /freeze_gc once /health answers (SGLang has run its own warm-up request
     by then): every object alive after the start (imports, weights' wrappers, CUDA graphs)
     leaves the collectors' full passes. Without it each server stalled every request in flight
-    once, ~0.4 s, at its first full collection (H100: 3 of 6 c = 8 levels in §28 against none
-    of 6 with the freeze in §32, docs/gpu-results.md). The line serve logs; a server that
+    once, ~0.4 s, at its first full collection (H100: 3 of 5 c = 8 levels in §28 against none
+    of 5 with the freeze in §32, docs/gpu-results.md). The line serve logs; a server that
     refuses is still served (the freeze is a latency fix, not a condition of serving)."""
     ep = Endpoint("http", health_host(cfg.host), cfg.port, "", key)
     why = post_freeze_gc(ep, timeout)
