@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import http.client
 import json
 import os
 import shlex
@@ -27,7 +26,7 @@ from pathlib import Path
 
 from sglang_dflash import sdnotify
 from sglang_dflash.apikey import read_api_key
-from sglang_dflash.bench.client import Endpoint
+from sglang_dflash.bench.client import Endpoint, health
 from sglang_dflash.bench.client import freeze_gc as post_freeze_gc
 from sglang_dflash.config import InstanceConfig, render_argv, render_env
 from sglang_dflash.config import unset_env as config_unset_env
@@ -157,14 +156,10 @@ class StderrTail:
 
 def probe_health(host: str, port: int, timeout: float) -> int | None:
     """HTTP status of GET /health, or None when nothing answers."""
-    conn = http.client.HTTPConnection(health_host(host), port, timeout=timeout)
     try:
-        conn.request("GET", "/health")
-        return conn.getresponse().status
-    except (OSError, http.client.HTTPException):
+        return health(Endpoint("http", health_host(host), port), timeout)
+    except OSError:
         return None
-    finally:
-        conn.close()
 
 
 def port_in_use(host: str, port: int, timeout: float = 1.0) -> bool:

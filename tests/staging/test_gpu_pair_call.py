@@ -23,7 +23,6 @@ STANDIN = REPO / "tests" / "standin"
 SCRIPT = REPO / "scripts" / "gpu_pair_call.sh"
 
 
-
 def _call(pair_dir: Path, tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp_path / "OUT"
     out.mkdir(exist_ok=True)

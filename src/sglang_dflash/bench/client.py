@@ -70,11 +70,12 @@ def connect_host(bind_host: str) -> str:
     return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(bind_host, bind_host)
 
 
-def health(ep: Endpoint, timeout: float) -> int:
-    """GET /health's status code; raises OSError when nothing answers within timeout."""
+def _status(ep: Endpoint, method: str, path: str, timeout: float) -> int:
+    """The status code of a bodiless request; raises OSError when nothing answers within
+    timeout (an HTTP protocol error included)."""
     conn = ep.connection(timeout)
     try:
-        conn.request("GET", ep.base_path + "/health", headers=ep.headers())
+        conn.request(method, ep.base_path + path, headers=ep.headers())
         resp = conn.getresponse()
         resp.read()
         return resp.status
@@ -82,6 +83,11 @@ def health(ep: Endpoint, timeout: float) -> int:
         raise OSError(f"{type(e).__name__}: {e}") from None
     finally:
         conn.close()
+
+
+def health(ep: Endpoint, timeout: float) -> int:
+    """GET /health's status code; raises OSError when nothing answers within timeout."""
+    return _status(ep, "GET", "/health", timeout)
 
 
 def freeze_gc(ep: Endpoint, timeout: float) -> str | None:
@@ -92,17 +98,12 @@ def freeze_gc(ep: Endpoint, timeout: float) -> str | None:
     process holds (660 k for the scheduler's imports alone, 0.5-0.95 s on the CPU machine) and
     stalls every request in flight meanwhile: the suspect of the ~0.4 s pause each server had
     once, at no batch size in particular (docs/ddtree.md, "A pause once per server")."""
-    conn = ep.connection(timeout)
     try:
-        conn.request("POST", ep.base_path + "/freeze_gc", headers=ep.headers())
-        resp = conn.getresponse()
-        resp.read()
-    except (OSError, http.client.HTTPException) as e:
+        status = _status(ep, "POST", "/freeze_gc", timeout)
+    except OSError as e:
         return f"POST {ep.url}/freeze_gc failed: {type(e).__name__}: {e}"
-    finally:
-        conn.close()
-    if resp.status != 200:
-        return (f"POST {ep.url}/freeze_gc answered {resp.status}, not 200 (SGLang 0.5.17 has the "
+    if status != 200:
+        return (f"POST {ep.url}/freeze_gc answered {status}, not 200 (SGLang 0.5.17 has the "
                 f"endpoint; an API key with admin rights may be needed)")
     return None
 

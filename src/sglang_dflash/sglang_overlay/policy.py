@@ -72,6 +72,11 @@ PAUSE_FACTOR = 3.0
 PAUSE_SLACK_MS = 50.0
 
 
+def ema(old: float | None, value: float, alpha: float) -> float:
+    """One step of an exponential moving average; the first value starts it."""
+    return value if old is None else (1 - alpha) * old + alpha * value
+
+
 def is_pause(gap_ms: float, span_ms: float) -> bool:
     """Whether ``gap_ms`` (start to the next round's start, or the host's time between two
     choices) is a pause rather than a cost, against ``span_ms`` (the round's own span, or
@@ -431,10 +436,10 @@ class AdaptivePolicy:
         for n, v in accept_by_budget.items():
             if n in s.candidates and n > 0:
                 old = s.accept.get(n)
-                s.accept[n] = v if old is None else (1 - a) * old + a * v
+                s.accept[n] = ema(old, v, a)
             if n > 0:
                 old = self.pooled.get(n)
-                self.pooled[n] = v if old is None else (1 - a) * old + a * v
+                self.pooled[n] = ema(old, v, a)
         # a regular probe's cost is not a sample: one tree round among no-draft rounds costs
         # more than the same round in a run of them (H200 2026-12-05, meter: budget 64 at bs 1
         # 8.2 ms fed by probes, 5.5-6.5 in a run; 31 at bs 8 10.9 against 7.8), and a slot that
@@ -446,7 +451,7 @@ class AdaptivePolicy:
             if seen >= 1:  # the first round of a width pays one-off costs (H200: 347 ms at N=16)
                 old = None if ran in s.borrowed else s.cost.get(ran)  # a borrowed cost goes
                 s.borrowed.discard(ran)
-                s.cost[ran] = cost_ms if old is None else (1 - a) * old + a * cost_ms
+                s.cost[ran] = ema(old, cost_ms, a)
         if regular or (probed and s.confirming):
             # a follow-up opens only on a regular probe: rounds of an ended one still in flight
             # reopened it (H100 §26, bs 32 on branchy: 100 follow-ups in 493 rounds, "0x1
@@ -489,7 +494,7 @@ class AdaptivePolicy:
         if old is not None and is_pause(wall_ms, old):
             s.stalls += 1
             return
-        s.wall[ran] = wall_ms if old is None else (1 - self.alpha) * old + self.alpha * wall_ms
+        s.wall[ran] = ema(old, wall_ms, self.alpha)
 
     @staticmethod
     def _end_follow_up(s: Slot) -> None:
