@@ -23,7 +23,9 @@ fixed policy's on dummy weights, where the default schedule would fall back to n
 ``+bound`` / ``+sync`` (a DDTree mode's ``SGLANG_DFLASH_DDTREE_HOST_LENS``: its rounds plan
 from the reserved bound and SGLang stops copying each round's lengths to the host, the Triton
 default; refused with FlashInfer since §29; or SGLang copies and waits for them each round, the
-FlashInfer default).
+FlashInfer default), ``+split`` (a FlashInfer DDTree mode's split verify,
+``SGLANG_DFLASH_DDTREE_SPLIT_VERIFY=1``: the prefix attended without a mask, the tree block in
+one Triton launch; off by default, to be judged by the tie margin on real weights).
 
 Per mode: ready time, ``check --url``, the first ``--greedy-prompts`` held-out prompts one at a
 time (output ids, SGLang's per-request spec_accept_length / verify_ct / histogram), the same
@@ -64,8 +66,11 @@ TREE_MODIFIER = "tree"
 HOST_LENS_MODIFIERS = ("bound", "sync")
 # ``+k<K>``: the server's no-draft round as K decode steps (the overlay's setting; a DDTree mode)
 STEPS_MODIFIER = re.compile(r"k([0-9]+)")
+# ``+split``: a FlashInfer DDTree mode's split verify (the overlay's setting; §33's item 2: the
+# custom-mask attention is most of a tree round's extra GPU time)
+SPLIT_MODIFIER = "split"
 MODIFIER_NAMES = (*("+" + k for k in MODIFIERS), "+" + TREE_MODIFIER,
-                  *("+" + k for k in HOST_LENS_MODIFIERS), "+k<K>")
+                  *("+" + k for k in HOST_LENS_MODIFIERS), "+k<K>", "+" + SPLIT_MODIFIER)
 
 
 def _modifier_env(mod: str, head: str, mode: str) -> dict[str, str]:
@@ -78,10 +83,12 @@ def _modifier_env(mod: str, head: str, mode: str) -> dict[str, str]:
             raise ValueError(f"+{mod} needs an adaptive mode (adaptive:<N>), not {head!r}")
         return {}
     hit = STEPS_MODIFIER.fullmatch(mod)
-    if hit is None and mod not in HOST_LENS_MODIFIERS:
+    if hit is None and mod not in (*HOST_LENS_MODIFIERS, SPLIT_MODIFIER):
         raise ValueError(f"unknown modifier +{mod} in {mode!r}: " + ", ".join(MODIFIER_NAMES))
     if not head.startswith(("ddtree:", "adaptive:")):
         raise ValueError(f"+{mod} needs a DDTree mode (ddtree:<N> or adaptive:<N>), not {head!r}")
+    if mod == SPLIT_MODIFIER:
+        return {overlay_settings.SPLIT_VERIFY_ENV: "1"}
     if hit is None:
         return {overlay_settings.HOST_LENS_ENV: overlay_settings.parse_host_lens(mod)}
     try:
@@ -349,15 +356,24 @@ def seeded_mode(opts, pair: Path, mode: str, backend: str, prompts: list[dict],
                     "accept_length": r["spec_accept_length"],
                     "params": seeded_params(i), "output": r["output"], "reference": ref}
                    for i, (r, ref) in enumerate(zip(rows, base["outputs"], strict=False))]
-    rec["summary"] = {
-        "all_identical": bool(rows) and all(r["identical"] for r in rec["rows"]),
-        "prompts": len(rows),
-        "sampled": any(o != g for o, g in zip(base["outputs"], base["greedy"], strict=False)),
-        "accept_length_mean": (sum(r["accept_length"] or 0 for r in rec["rows"]) / len(rows)
-                               if rows else None),
-    }
+    rec["summary"] = seeded_summary(rec["rows"], base)
+    if not rows:
+        rec["error"] = ("the seeded speculative server gave no outputs (not ready: stopped by "
+                        "the time budget or failed; see spec)")
     rec.update(server_log_fields(opts.out / f"serve-{name}.log"))
     return rec
+
+
+def seeded_summary(rows: list[dict], base: dict) -> dict:
+    """A seeded mode's verdict; ``all_identical`` is None when the speculative server gave no
+    rows (§33: one stopped by the budget read as "not identical")."""
+    return {
+        "all_identical": all(r["identical"] for r in rows) if rows else None,
+        "prompts": len(rows),
+        "sampled": any(o != g for o, g in zip(base["outputs"], base["greedy"], strict=False)),
+        "accept_length_mean": (sum(r["accept_length"] or 0 for r in rows) / len(rows)
+                               if rows else None),
+    }
 
 
 PROFILE_LEVELS = (1, 8)
@@ -588,6 +604,10 @@ def main(argv=None) -> int:
             return 2
         if backend not in e2e.BACKENDS:
             print(f"serve_pair: unknown backend {backend!r}", file=sys.stderr)
+            return 2
+        if SPLIT_MODIFIER in split_modifiers(inner)[1] and backend != "flashinfer":
+            print(f"serve_pair: {m}: +{SPLIT_MODIFIER} splits FlashInfer's verify attention; "
+                  f"add @flashinfer (the worker refuses it with {backend})", file=sys.stderr)
             return 2
         steps.append((m, base, backend))
     try:

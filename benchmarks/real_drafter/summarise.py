@@ -148,8 +148,14 @@ def seeded(results: list[dict]) -> dict:
     out = {}
     for res in results:
         for m, r in res.get("seeded", {}).items():
-            out[m] = {"summary": r.get("summary"),
+            summary = dict(r["summary"]) if r.get("summary") else None
+            if summary and not summary.get("prompts"):  # no rows: no verdict (older records
+                summary["all_identical"] = None          # said False)
+            out[m] = {"summary": summary,
                       "first_diff": [x.get("first_diff") for x in r.get("rows", [])]}
+            why = r.get("skipped") or r.get("error")
+            if why:
+                out[m]["not_run"] = why
     return out
 
 

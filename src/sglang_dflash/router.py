@@ -76,6 +76,9 @@ _SCALARS: dict[str, tuple[str | None, type, int, int]] = {
     "requestTimeoutSecs": ("--request-timeout-secs", int, 1, 604800),
     "workerStartupTimeoutSecs": ("--worker-startup-timeout-secs", int, 1, 604800),
 }
+# Worker health paths that are SGLang 0.5.17's health_generate handler (None: smg's default
+# /health); it sleeps 1 s before answering 200, so a 1 s check timeout fails every worker.
+SLOW_HEALTH = (None, "/health", "/health_generate")
 KNOWN_KEYS = ("name", "workers", "policy", "host", "port", "healthCheck", "retry",
               "circuitBreaker", "requestTimeoutSecs", "workerStartupTimeoutSecs",
               "shutdownGraceSecs", "apiKeyFile", "metrics", "logLevel", "extraArgs",
@@ -219,6 +222,12 @@ def parse_router_config(raw: Any) -> RouterConfig:
                                  or " " in endpoint):
         raise ConfigError(f"healthCheck.endpoint: {endpoint!r} must be a path like /health")
     v["health_check_endpoint"] = endpoint
+    hc_timeout = dict(v["health_check"]).get("--health-check-timeout-secs")
+    if hc_timeout is not None and hc_timeout < 2 and endpoint in SLOW_HEALTH:
+        raise ConfigError(
+            f"healthCheck.timeoutSecs: {hc_timeout} s is shorter than SGLang 0.5.17's "
+            f"{endpoint or '/health'}, which answers a server that is up only after a one-token "
+            "generation and a 1 s wait: every check would fail; use 2 or more")
     retry = _block("retry", raw.get("retry"), (*BLOCKS["retry"], "enable"))
     v["retry"] = _typed_block("retry", retry, BLOCKS["retry"])
     v["retry_enable"] = retry.get("enable", True)

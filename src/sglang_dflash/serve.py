@@ -154,6 +154,15 @@ class StderrTail:
         return list(self.lines)
 
 
+# How long one readiness probe may wait for /health's answer. SGLang 0.5.17's /health (and
+# /health_generate) is one handler: once the server is up it queues a one-token generation,
+# sleeps a whole second, and only then answers 200 (503 at once while it is starting); a stuck
+# scheduler gets its 503 after SGLANG_HEALTH_CHECK_TIMEOUT (20 s). A probe capped at the poll
+# interval never saw the 200 on a GPU (gpu-results.md §33: no serve log of any GPU run says
+# "ready after": no READY=1, no freezeGc), so it waits past SGLang's own limit.
+HEALTH_PROBE_TIMEOUT_S = 30.0
+
+
 def probe_health(host: str, port: int, timeout: float) -> int | None:
     """HTTP status of GET /health, or None when nothing answers."""
     try:
@@ -206,7 +215,7 @@ class Supervisor:
             if self.proc.poll() is not None:
                 return False
             if self.signalled is None:
-                status = probe_health(self.cfg.host, self.cfg.port, min(interval, 1.0))
+                status = probe_health(self.cfg.host, self.cfg.port, HEALTH_PROBE_TIMEOUT_S)
                 if status == 200:
                     return True
             elif time.monotonic() - self.signalled_at > self.grace:

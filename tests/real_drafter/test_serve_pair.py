@@ -316,6 +316,33 @@ def test_bound_and_sync_modifiers_set_the_host_lengths_switch():
             sp.parse_mode(bad)
 
 
+def test_split_modifier_sets_the_split_verify_on_flashinfer_only(tmp_path):
+    import real_drafter.serve_pair as sp
+
+    from sglang_dflash.sglang_overlay import settings
+
+    assert sp.mode_label("ddtree:15+split") == "ddtree-15+split"
+    cfg = sp.pair_config(Path("/p"), "n", "ddtree:15+split", "flashinfer")
+    assert cfg["environment"] == {settings.SPLIT_VERIFY_ENV: "1"}
+    # what the worker reads from that environment: the split verify on
+    assert settings.split_verify_from_env(cfg["environment"]) is True
+    assert sp.file_name("seeded:ddtree:16+split") == "seeded-ddtree-16-split"
+    with pytest.raises(ValueError, match="needs a DDTree mode"):
+        sp.parse_mode("dflash+split")
+    # with Triton the worker refuses it at start: serve_pair says so before any server starts
+    (tmp_path / "pair").mkdir()
+    r = subprocess.run([sys.executable, "-m", "real_drafter.serve_pair", "--pair",
+                        str(tmp_path / "pair"), "--out", str(tmp_path / "o"), "--site", "x",
+                        "ddtree:15+split@flashinfer", "ddtree:15+split"],
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                           [str(REPO / "src"), str(REPO / "benchmarks")])),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "ddtree:15+split: +split splits FlashInfer's verify attention; add @flashinfer" \
+        in r.stderr
+    assert not (tmp_path / "o").exists()
+
+
 def test_profile_with_a_step_count_starts_its_server_with_it(pair, tmp_path):
     from sglang_dflash.sglang_overlay import settings
 
@@ -487,3 +514,19 @@ def test_freeze_gc_reaches_every_bench_level(pair, tmp_path):
     assert json.loads((plain / "results.json").read_text())["freeze_gc"] is False
     # serve's own freeze at readiness only; no bench level asked for one
     assert (plain / "serve-none-triton.log").read_text().count("Freezing GC") == 1
+
+
+def test_a_seeded_mode_without_rows_is_not_called_different():
+    """A speculative server stopped before it answered (§33: the budget ran out while it
+    captured graphs) has no verdict: None, not False."""
+    from real_drafter.serve_pair import seeded_summary
+
+    base = {"outputs": [[1, 2], [3, 4]], "greedy": [[1, 2], [3, 5]]}
+    empty = seeded_summary([], base)
+    assert empty["all_identical"] is None and empty["prompts"] == 0
+    assert empty["accept_length_mean"] is None and empty["sampled"] is True
+    rows = [{"identical": True, "accept_length": 2.0}, {"identical": False, "accept_length": 1.0}]
+    got = seeded_summary(rows, base)
+    assert got["all_identical"] is False and got["prompts"] == 2
+    assert got["accept_length_mean"] == 1.5
+    assert seeded_summary(rows[:1], base)["all_identical"] is True

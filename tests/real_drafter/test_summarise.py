@@ -238,3 +238,23 @@ def test_modes_in_budget_order_and_the_caption_under_the_plot(tmp_path, saved_fi
     assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == sorted(
         modes, key=summarise._mode_order)
     assert "rows of build X" in [t.get_text() for t in fig.texts]
+
+
+def test_a_seeded_mode_that_never_ran_has_no_verdict():
+    """§33: the seeded server was stopped by the budget while capturing graphs (no rows), and
+    the next seeded mode was not started: neither reads as "not identical"."""
+    res = [{"seeded": {
+        "seeded:adaptive:16@flashinfer": {
+            "summary": {"all_identical": False, "prompts": 0, "sampled": True},
+            "rows": [], "error": "the seeded speculative server gave no outputs"},
+        "seeded:ddtree:16": {"skipped": "time budget: 10s left"},
+        "seeded:dflash": {"summary": {"all_identical": True, "prompts": 2},
+                          "rows": [{"first_diff": None}, {"first_diff": None}]}}}]
+    got = summarise.seeded(res)
+    stopped = got["seeded:adaptive:16@flashinfer"]
+    assert stopped["summary"]["all_identical"] is None
+    assert stopped["not_run"].startswith("the seeded speculative server gave no outputs")
+    assert got["seeded:ddtree:16"] == {"summary": None, "first_diff": [],
+                                       "not_run": "time budget: 10s left"}
+    assert got["seeded:dflash"]["summary"]["all_identical"] is True
+    assert "not_run" not in got["seeded:dflash"]

@@ -93,6 +93,9 @@ def test_policies_are_the_installed_smg_choices():
         ({"healthCheck": {"interval": 3}}, "healthCheck.interval: unknown key; did you mean"),
         ({"healthCheck": {"intervalSecs": 0}}, "healthCheck.intervalSecs: 0 is outside"),
         ({"healthCheck": {"endpoint": "health"}}, "healthCheck.endpoint: 'health' must be a path"),
+        ({"healthCheck": {"timeoutSecs": 1}}, "healthCheck.timeoutSecs: 1 s is shorter than"),
+        ({"healthCheck": {"timeoutSecs": 1, "endpoint": "/health_generate"}},
+         "than SGLang 0.5.17's /health_generate"),
         ({"retry": {"maxRetries": -1}}, "retry.maxRetries: -1 is outside"),
         ({"retry": {"enable": "no"}}, "retry.enable: must be a boolean"),
         ({"circuitBreaker": {"threshold": 1}}, "circuitBreaker.threshold: unknown key"),
@@ -211,3 +214,9 @@ def test_missing_key_file_fails_before_starting(tmp_path):
     path.write_text(json.dumps({**BASE, "apiKeyFile": str(tmp_path / "nope")}))
     r = _cli("router", "--config", str(path))
     assert r.returncode == 2 and "apiKeyFile: cannot read" in r.stderr, r.stderr
+
+
+def test_a_one_second_check_of_another_endpoint_is_the_users_choice():
+    """Only SGLang's health_generate handler takes a second; a fast path may be checked at 1 s."""
+    cfg = parse_router_config({**BASE, "healthCheck": {"timeoutSecs": 1, "endpoint": "/v1/models"}})
+    assert ("--health-check-timeout-secs", 1) in cfg.health_check

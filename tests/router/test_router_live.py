@@ -161,7 +161,7 @@ def router_config(fleet: Fleet, workers: list[str], **changes) -> tuple[Path, st
     port = free_port()
     raw = {"name": "front", "workers": workers, "policy": "round_robin", "port": port,
            "metrics": {"port": free_port()}, "logLevel": "warn",
-           "healthCheck": {"intervalSecs": 1, "timeoutSecs": 1, "failureThreshold": 1,
+           "healthCheck": {"intervalSecs": 1, "timeoutSecs": 3, "failureThreshold": 1,
                            "successThreshold": 1},
            "retry": {"maxRetries": 3, "initialBackoffMs": 50, "maxBackoffMs": 200},
            "shutdownGraceSecs": 1, **changes}

@@ -85,7 +85,7 @@ def child_pids(pid: int) -> list[int]:
 
 def health(port: int) -> int | None:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
             return r.status
     except OSError:
         return None
@@ -185,7 +185,8 @@ def test_crash_before_ready_fails_fast_with_stderr_tail(make_config, start_serve
 def test_crash_after_ready_exits_nonzero_with_tail(tmp_path, make_config, start_serve):
     path, _ = make_config()
     notify = NotifySocket(tmp_path, abstract=False)
-    p = start_serve(path, {"NOTIFY_SOCKET": notify.env, "STANDIN_CRASH_AFTER_READY": "0.5"})
+    # the crash comes after SGLang's 1 s /health has answered (serve saw it ready)
+    p = start_serve(path, {"NOTIFY_SOCKET": notify.env, "STANDIN_CRASH_AFTER_READY": "2.5"})
     notify.wait_for("READY=1", 15)
     assert p.wait(timeout=10) == 3
     text = Lines(p.stderr).text()

@@ -128,7 +128,7 @@ def _hub_config(t: Path, name: str, hub_port: int) -> str:
 def _router_config(t: Path, name: str, port: int, workers: list[str], **changes) -> str:
     raw = {"name": name, "workers": workers, "policy": "round_robin", "port": port,
            "metrics": {"port": port + 1}, "logLevel": "warn", "startTimeout": 30,
-           "healthCheck": {"intervalSecs": 1, "timeoutSecs": 1, "failureThreshold": 1,
+           "healthCheck": {"intervalSecs": 1, "timeoutSecs": 3, "failureThreshold": 1,
                            "successThreshold": 1},
            "shutdownGraceSecs": 1, **changes}
     (t / f"router-{name}.json").write_text(json.dumps(raw))

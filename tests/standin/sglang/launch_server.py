@@ -62,6 +62,8 @@ class State:
         self.speculative = args.speculative_algorithm not in (None, "", "NONE")
         self.accept_length = _env_float("STANDIN_ACCEPT_LENGTH", 3.0)
         self.token_delay = _env_float("STANDIN_TOKEN_DELAY", 0.002)
+        # SGLang 0.5.17's /health once up: queue a one-token generation, sleep 1 s, answer 200
+        self.health_delay = _env_float("STANDIN_HEALTH_DELAY", 1.0)
         die = os.environ.get("STANDIN_DIE_AFTER_REQUESTS")
         self.die_after = int(die) if die else None
 
@@ -156,6 +158,8 @@ def make_handler(state: State):
         def do_GET(self):
             path = self.path.split("?")[0]
             if path in ("/health", "/health_generate"):
+                if state.ready:  # 503 at once while starting, as SGLang's ServerStatus.Starting
+                    time.sleep(state.health_delay)
                 self._send(200 if state.ready else 503)
             elif path == "/metrics" and state.args.enable_metrics:
                 self._send_text(200, state.metrics())
