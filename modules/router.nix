@@ -65,7 +65,7 @@ let
       port = mkOption { type = types.port; default = limits.routerDefaultPort; description = "TCP port the router listens on."; };
       healthCheck = {
         intervalSecs = nullInt 1 86400 "Seconds between worker health checks (null: smg's default, 60).";
-        timeoutSecs = nullInt 1 3600 "Timeout of one health check.";
+        timeoutSecs = nullInt 1 3600 "Timeout of one health check (null: smg's default, 5). SGLang 0.5.17's /health answers a server that is up after a one-token generation and a 1 s wait, so 1 is refused unless endpoint names a faster path.";
         failureThreshold = nullInt 1 1000 "Failed checks before a worker is taken out.";
         successThreshold = nullInt 1 1000 "Passed checks before it is taken back.";
         endpoint = mkOption { type = types.nullOr types.str; default = null; description = "Health endpoint (smg's default /health)."; };
