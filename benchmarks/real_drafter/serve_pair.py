@@ -25,7 +25,10 @@ from the reserved bound and SGLang stops copying each round's lengths to the hos
 default; refused with FlashInfer since §29; or SGLang copies and waits for them each round, the
 FlashInfer default), ``+split`` (a FlashInfer DDTree mode's split verify,
 ``SGLANG_DFLASH_DDTREE_SPLIT_VERIFY=1``: the prefix attended without a mask, the tree block in
-one Triton launch; off by default, to be judged by the tie margin on real weights).
+one Triton launch; off by default, to be judged by the tie margin on real weights), ``+pad``
+(a FlashInfer DDTree mode's padded verify: ``SGLANG_DFLASH_DDTREE_HOST_LENS=bound`` with the
+drafter's attention on Triton, the verify's kv lengths padded to the bound and the slots past
+the tree masked; off by default, to be judged by the tie margin and timed against ``sync``).
 
 Per mode: ready time, ``check --url``, the first ``--greedy-prompts`` held-out prompts one at a
 time (output ids, SGLang's per-request spec_accept_length / verify_ct / histogram), the same
@@ -69,8 +72,12 @@ STEPS_MODIFIER = re.compile(r"k([0-9]+)")
 # ``+split``: a FlashInfer DDTree mode's split verify (the overlay's setting; §33's item 2: the
 # custom-mask attention is most of a tree round's extra GPU time)
 SPLIT_MODIFIER = "split"
+# ``+pad``: a FlashInfer DDTree mode's padded verify (the bound, the drafter on Triton)
+PAD_MODIFIER = "pad"
+FLASHINFER_ONLY = (SPLIT_MODIFIER, PAD_MODIFIER)
 MODIFIER_NAMES = (*("+" + k for k in MODIFIERS), "+" + TREE_MODIFIER,
-                  *("+" + k for k in HOST_LENS_MODIFIERS), "+k<K>", "+" + SPLIT_MODIFIER)
+                  *("+" + k for k in HOST_LENS_MODIFIERS), "+k<K>",
+                  *("+" + k for k in FLASHINFER_ONLY))
 
 
 def _modifier_env(mod: str, head: str, mode: str) -> dict[str, str]:
@@ -83,12 +90,14 @@ def _modifier_env(mod: str, head: str, mode: str) -> dict[str, str]:
             raise ValueError(f"+{mod} needs an adaptive mode (adaptive:<N>), not {head!r}")
         return {}
     hit = STEPS_MODIFIER.fullmatch(mod)
-    if hit is None and mod not in (*HOST_LENS_MODIFIERS, SPLIT_MODIFIER):
+    if hit is None and mod not in (*HOST_LENS_MODIFIERS, *FLASHINFER_ONLY):
         raise ValueError(f"unknown modifier +{mod} in {mode!r}: " + ", ".join(MODIFIER_NAMES))
     if not head.startswith(("ddtree:", "adaptive:")):
         raise ValueError(f"+{mod} needs a DDTree mode (ddtree:<N> or adaptive:<N>), not {head!r}")
     if mod == SPLIT_MODIFIER:
         return {overlay_settings.SPLIT_VERIFY_ENV: "1"}
+    if mod == PAD_MODIFIER:
+        return {overlay_settings.HOST_LENS_ENV: "bound"}
     if hit is None:
         return {overlay_settings.HOST_LENS_ENV: overlay_settings.parse_host_lens(mod)}
     try:
@@ -162,7 +171,8 @@ def pair_config(pair: Path, name: str, mode: str, backend: str, *,
     if dummy:
         cfg |= {"loadFormat": "dummy", "skipTokenizerInit": True}
     if algorithm != "none":
-        cfg |= {"draftModel": str(pair / "draft"), "draftAttentionBackend": backend}
+        draft_backend = "triton" if PAD_MODIFIER in split_modifiers(mode)[1] else backend
+        cfg |= {"draftModel": str(pair / "draft"), "draftAttentionBackend": draft_backend}
         if dummy:
             cfg["draftLoadFormat"] = "dummy"
     if budget is not None:
@@ -605,9 +615,12 @@ def main(argv=None) -> int:
         if backend not in e2e.BACKENDS:
             print(f"serve_pair: unknown backend {backend!r}", file=sys.stderr)
             return 2
-        if SPLIT_MODIFIER in split_modifiers(inner)[1] and backend != "flashinfer":
-            print(f"serve_pair: {m}: +{SPLIT_MODIFIER} splits FlashInfer's verify attention; "
-                  f"add @flashinfer (the worker refuses it with {backend})", file=sys.stderr)
+        fi_only = [x for x in split_modifiers(inner)[1] if x in FLASHINFER_ONLY]
+        if fi_only and backend != "flashinfer":
+            what = {SPLIT_MODIFIER: "splits FlashInfer's verify attention",
+                    PAD_MODIFIER: "pads FlashInfer's verify to the bound"}[fi_only[0]]
+            print(f"serve_pair: {m}: +{fi_only[0]} {what}; add @flashinfer (with {backend} "
+                  "it has nothing to do)", file=sys.stderr)
             return 2
         steps.append((m, base, backend))
     try:

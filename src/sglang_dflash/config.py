@@ -346,15 +346,30 @@ ATTENTION_FLAGS = tuple(f"--{a.replace('_', '-')}"
                         for a in _overlay_settings.ATTENTION_BACKEND_ARGS)
 
 
-def attention_backends(cfg: InstanceConfig) -> set[str]:
-    """Every attention backend the server's flags name (typed options and extraArgs)."""
-    named = {cfg.attention_backend, cfg.draft_attention_backend}
-    args = cfg.extra_args
+def _flag_values(cfg: InstanceConfig, flags) -> set[str]:
+    """The values extraArgs gives these flags (``--flag value`` or ``--flag=value``)."""
+    named, args = set(), cfg.extra_args
     for i, arg in enumerate(args):
         flag, eq, value = arg.partition("=")
-        if flag in ATTENTION_FLAGS:
+        if flag in flags:
             named.add(value if eq else (args[i + 1] if i + 1 < len(args) else None))
     return {b for b in named if b}
+
+
+def attention_backends(cfg: InstanceConfig) -> set[str]:
+    """Every attention backend the server's flags name (typed options and extraArgs)."""
+    named = {cfg.attention_backend, cfg.draft_attention_backend} | _flag_values(cfg,
+                                                                               ATTENTION_FLAGS)
+    return {b for b in named if b}
+
+
+def draft_attention_is_flashinfer(cfg: InstanceConfig) -> bool:
+    """Whether the drafter's forwards run FlashInfer attention (``settings.draft_is_flashinfer``
+    over the target's flags and the drafter's own, typed option or extraArgs)."""
+    draft = cfg.draft_attention_backend or next(iter(sorted(_flag_values(
+        cfg, ATTENTION_FLAGS[3:]))), None)
+    target = {cfg.attention_backend} | _flag_values(cfg, ATTENTION_FLAGS[:3])
+    return _overlay_settings.draft_is_flashinfer({b for b in target if b}, draft)
 
 
 def _check_ddtree_switches(cfg: InstanceConfig) -> None:
@@ -362,7 +377,8 @@ def _check_ddtree_switches(cfg: InstanceConfig) -> None:
     (``settings.check_switches``), so a bad one fails the config check, not the service."""
     try:
         _overlay_settings.check_switches(dict(cfg.environment),
-                                         "flashinfer" in attention_backends(cfg))
+                                         "flashinfer" in attention_backends(cfg),
+                                         draft_attention_is_flashinfer(cfg))
     except _overlay_settings.DDTreeConfigError as exc:
         raise ConfigError(f"environment: {exc}") from None
 

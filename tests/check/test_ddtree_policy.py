@@ -135,6 +135,27 @@ def test_the_bound_with_flashinfer_is_a_fail() -> None:
                                        | {"attention_backend": "flashinfer"}, None).status == "PASS"
 
 
+def test_the_bound_with_a_padded_flashinfer_verify_passes_only_with_the_drafter_elsewhere():
+    """The padded verify: the worker reports it and the server's drafter runs another backend;
+    a worker that does not report it, or a drafter on FlashInfer (named, or unset: then it runs
+    the target's), is still the §30 FAIL."""
+    state = {"policy": "fixed", "budget": 16, "fast_plan": "on", "host_lens": "bound",
+             "flashinfer_plans": True, "padded_verify": True}
+    fi = {"attention_backend": "flashinfer"}
+    ok = live.evaluate_ddtree_policy(
+        _info(state) | fi | {"speculative_draft_attention_backend": "triton"}, None)
+    assert ok.status == "PASS"
+    assert "the FlashInfer verify padded to it (drafter on triton)" in ok.found
+    for draft in (None, "flashinfer"):
+        res = live.evaluate_ddtree_policy(
+            _info(state) | fi | {"speculative_draft_attention_backend": draft}, None)
+        assert res.status == "FAIL" and "split-KV" in res.found
+    older = live.evaluate_ddtree_policy(
+        _info(state | {"padded_verify": False}) | fi
+        | {"speculative_draft_attention_backend": "triton"}, None)
+    assert older.status == "FAIL"
+
+
 def test_check_url_fails_a_server_planning_flashinfer_from_the_bound(tmp_path: Path,
                                                                      standin_server) -> None:
     args = (*DFLASH, "--attention-backend", "flashinfer")

@@ -118,11 +118,23 @@ def test_silent_server_times_out(tmp_path: Path, silent_port: int) -> None:
 
 
 def test_slow_generation_times_out(tmp_path: Path, standin_server) -> None:
-    url = wait_healthy(standin_server(*DFLASH, STANDIN_TOKEN_DELAY="1.5"))
+    # a fast /health (not SGLang's 1 s one), so the generation is what times out
+    url = wait_healthy(standin_server(*DFLASH, STANDIN_TOKEN_DELAY="1.5",
+                                      STANDIN_HEALTH_DELAY="0.05"))
     rc, res, _, elapsed = live_check(tmp_path, url, "--timeout", "1")
     assert rc == 1
     assert res["live.request"]["found"] == f"no answer from {url} within 1 s"
     assert elapsed < 4
+
+
+def test_a_timeout_shorter_than_sglangs_health_says_so(tmp_path: Path, standin_server) -> None:
+    """SGLang 0.5.17's /health takes a second once the server is up (the stand-in's too):
+    --timeout 1 cannot see it answer, and the fix says why."""
+    url = wait_healthy(standin_server(*DFLASH))
+    rc, res, _, _ = live_check(tmp_path, url, "--timeout", "0.5")
+    assert rc == 1
+    assert res["live.health"]["found"] == f"no answer from {url} within 0.5 s"
+    assert res["live.health"]["fix"].startswith("use --timeout 2 or more (SGLang 0.5.17's")
 
 
 def test_not_ready_server(tmp_path: Path, standin_server) -> None:

@@ -112,10 +112,13 @@ def test_kernels_compile_for_sm90():
         from triton.compiler import ASTSource
         from sglang_dflash.ddtree import verify_triton as vt
         target = GPUTarget("cuda", 90, 32)
-        mask_sig = {"vis_ptr": "*i1", "seq_ptr": "*i64", "out_ptr": "*i1", "bs": "i32",
-                    "W": "i32", "WP": "constexpr"}
+        mask_sig = {"vis_ptr": "*i1", "seq_ptr": "*i64", "pad_ptr": "*i64", "out_ptr": "*i1",
+                    "bs": "i32", "W": "i32", "WP": "constexpr", "PADDED": "constexpr"}
         k1 = triton.compile(ASTSource(vt._full_mask_kernel, mask_sig,
-                                      constexprs={"WP": 32}), target=target)
+                                      constexprs={"WP": 32, "PADDED": False}), target=target)
+        k1p = triton.compile(ASTSource(vt._full_mask_kernel, mask_sig,
+                                       constexprs={"WP": 32, "PADDED": True}), target=target)
+        assert k1p.asm["cubin"]
         tail_sig = {"pred_ptr": "*i32", "idx_ptr": "*i32", "len_ptr": "*i32",
                     "budgets_ptr": "*i64", "idx_out_ptr": "*i64", "len_out_ptr": "*i64",
                     "tok_out_ptr": "*i64", "commit_out_ptr": "*i32", "bonus_out_ptr": "*i64",
@@ -132,7 +135,100 @@ def test_kernels_compile_for_sm90():
             "bs", "W"}
         assert {p.name for p in vt._accept_tail_kernel.params if p.do_not_specialize} == {
             "W", "D1", "NB"}
-        assert [p.name for p in vt._full_mask_kernel.params if p.is_constexpr] == ["WP"]
+        assert [p.name for p in vt._full_mask_kernel.params if p.is_constexpr] == [
+            "WP", "PADDED"]
         print("ok")
     """
     lower_for_sm90(code)
+
+
+def _padded_reference(tree, seq_lens, padded):
+    """The padded FULL_MASK from the exact one: each row gets P - s False columns after it."""
+    exact = full_mask(tree, seq_lens, seq_lens_sum=int(seq_lens.sum()))
+    width, rows, at = tree.tokens.shape[1], [], 0
+    for s, p in zip(seq_lens.tolist(), padded.tolist(), strict=True):
+        block = exact[at: at + width * (s + width)].view(width, s + width)
+        at += width * (s + width)
+        rows.append(torch.cat([block, torch.zeros(width, p - s, dtype=torch.bool)], 1).reshape(-1))
+    return torch.cat(rows)
+
+
+@pytest.mark.parametrize(("seed", "bs", "depth", "k", "budget"),
+                         [(0, 1, 3, 4, 5), (1, 3, 5, 6, 16), (2, 5, 15, 8, 64), (3, 2, 4, 3, 1)])
+@pytest.mark.parametrize("pad", ["none", "small", "past_a_chunk"])
+def test_padded_full_mask_torch_and_triton(seed, bs, depth, k, budget, pad):
+    """The padded layout (a verify planned from the bound on FlashInfer): each block [W, P+W],
+    the tree at the request's own prefix, False after it; P = s gives the exact layout."""
+    from sglang_dflash.ddtree.mask import padded_full_mask
+
+    tree, seq_lens = _tree(seed, bs, depth, k, budget)
+    gen = torch.Generator().manual_seed(100 + seed)
+    extra = {"none": torch.zeros(bs, dtype=torch.long),
+             "small": torch.randint(0, 9, (bs,), generator=gen),
+             "past_a_chunk": torch.randint(60, 140, (bs,), generator=gen)}[pad]
+    padded = seq_lens + extra
+    ref = _padded_reference(tree, seq_lens, padded)
+    pad_max = int(extra.max())
+    got_torch = padded_full_mask(tree, seq_lens, padded, int(padded.sum()), pad_max)
+    assert torch.equal(got_torch, ref)
+    got = vt.full_mask_triton(tree.visibility.to(DEV), seq_lens.to(DEV), int(padded.sum()),
+                              padded_lens=padded.to(DEV), pad_max=pad_max)
+    assert got.shape == ref.shape and torch.equal(got.cpu(), ref)
+    if pad == "none":  # no padding is the exact layout
+        assert torch.equal(ref, full_mask(tree, seq_lens, seq_lens_sum=int(seq_lens.sum())))
+
+
+def test_padded_full_mask_refuses_a_wrong_sum():
+    from sglang_dflash.ddtree.mask import padded_full_mask
+
+    tree, seq_lens = _tree(1, 3, 5, 6, 16)
+    with pytest.raises(ValueError, match="is not the sum of padded_lens"):
+        padded_full_mask(tree, seq_lens, seq_lens + 2, int(seq_lens.sum()), 2)
+
+
+def test_the_padded_mask_attends_as_the_exact_one():
+    """Attention under the padded mask, over keys [prefix, tree, the pad's slots] whose pad
+    holds anything (here large values), equals attention under the exact mask over [prefix,
+    tree]: the pad columns get exactly zero weight."""
+    from sglang_dflash.ddtree.mask import padded_full_mask
+
+    tree, seq_lens = _tree(2, 3, 6, 5, 16)
+    width = tree.tokens.shape[1]
+    extra = torch.tensor([0, 5, 70])
+    padded = seq_lens + extra
+    exact = full_mask(tree, seq_lens, seq_lens_sum=int(seq_lens.sum()))
+    pad = padded_full_mask(tree, seq_lens, padded, int(padded.sum()), int(extra.max()))
+    gen = torch.Generator().manual_seed(7)
+    at_e = at_p = 0
+    for b, (s, p) in enumerate(zip(seq_lens.tolist(), padded.tolist(), strict=True)):
+        q = torch.randn(width, 8, generator=gen, dtype=torch.float64)
+        k = torch.randn(p + width, 8, generator=gen, dtype=torch.float64)
+        v = torch.randn(p + width, 8, generator=gen, dtype=torch.float64)
+        k[s + width:] *= 1e3  # whatever the pad slots hold
+        v[s + width:] *= 1e3
+        m_e = exact[at_e: at_e + width * (s + width)].view(width, s + width)
+        m_p = pad[at_p: at_p + width * (p + width)].view(width, p + width)
+        at_e += width * (s + width)
+        at_p += width * (p + width)
+
+        torch.testing.assert_close(_attend(q, k, v, m_p, p + width),
+                                   _attend(q, k, v, m_e, s + width),
+                                   rtol=0, atol=1e-12, msg=f"request {b}")
+
+
+def _attend(q, k, v, mask, n):
+    scores = (q @ k[:n].T).masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, -1) @ v[:n]
+
+
+def test_the_padded_mask_carries_the_tail_sglang_would_add():
+    from sglang_dflash.ddtree.mask import padded_full_mask
+
+    tree, seq_lens = _tree(1, 3, 5, 6, 16)
+    padded = seq_lens + 3
+    base = padded_full_mask(tree, seq_lens, padded, int(padded.sum()), 3)
+    for got in (padded_full_mask(tree, seq_lens, padded, int(padded.sum()), 3, tail=50),
+                vt.full_mask_triton(tree.visibility.to(DEV), seq_lens.to(DEV), int(padded.sum()),
+                                    padded_lens=padded.to(DEV), pad_max=3, tail=50).cpu()):
+        assert got.numel() == base.numel() + 50
+        assert torch.equal(got[: base.numel()], base) and bool(got[base.numel():].all())

@@ -49,11 +49,12 @@ class _NoEvent:
         pass
 
 
-def run(torch, width: int, masked: bool, fenced: bool = False) -> dict:
+def run(torch, width: int, masked: bool, fenced: bool = False, padded: bool = False,
+        graph_pad: bool = False) -> dict:
     from sglang.srt.layers.attention import flashinfer_backend as fib
 
     from sglang_dflash.ddtree import maskpack_triton as mp
-    from sglang_dflash.ddtree.mask import full_mask
+    from sglang_dflash.ddtree.mask import full_mask, padded_full_mask
     from sglang_dflash.ddtree.tree import build_tree
     from sglang_dflash.sglang_overlay import fast_plan
     from sglang_dflash.sglang_overlay.worker import DDTreeVerifyInput
@@ -71,9 +72,18 @@ def run(torch, width: int, masked: bool, fenced: bool = False) -> dict:
         ids = torch.randint(0, 90, (bs, depth, k), generator=g)
         tree = build_tree(logp, ids, torch.zeros(bs, dtype=torch.long), prefix, width - 1)
         mask = full_mask(tree, prefix, seq_lens_sum=int((host + width).sum()))
+        if padded:  # the padded verify: the mask over P = host, the pad past each tree False
+            mask = padded_full_mask(tree, prefix, host, int(host.sum()),
+                                    int((host - prefix).max()))
     spec = DDTreeVerifyInput(draft_token=torch.zeros(bs * width, dtype=torch.long),
                              positions=torch.zeros(bs * width, dtype=torch.long),
                              draft_token_num=width, custom_mask=mask)
+    if padded:
+        spec.padded_lens = host
+    if graph_pad:  # a replay padded to the captured bs 4: SGLang's fill length 1, host and device
+        bs = 4
+        pool, prefix, host = (torch.cat([t, torch.tensor([v])]) for t, v in
+                              ((pool, 0), (prefix, 1), (host, 1)))
     w, plans = stand_in_wrapper(torch, bs, max_bs, 4096, masked)
     backend = SimpleNamespace(prefill_cuda_graph_metadata={bs: [w]}, prefill_backend="fa2",
                               dispatch_reason=None)
@@ -98,7 +108,7 @@ def run(torch, width: int, masked: bool, fenced: bool = False) -> dict:
                        "kv_lens_host": a[5].tolist(), "total_rows": a[6], "batch_size": a[7],
                        "heads": [a[8], a[9]], "page_size": a[10], "cuda_graph": a[11],
                        "causal": a[14], "workspaces": list(a[:3])}
-    kv = prefix + width
+    kv = (host if padded else prefix) + width
     out["device_kv_indptr"] = w._paged_kv_indptr_buf[: bs + 1].tolist()
     out["kv_indices_ok"] = all(
         w._paged_kv_indices_buf[int(s):int(s) + int(n)].tolist()
@@ -123,6 +133,9 @@ def main() -> dict:
     import torch
 
     return {"tree": run(torch, 6, True), "width1": run(torch, 1, False),
+            "tree_padded": run(torch, 6, True, padded=True),
+            "tree_padded_fenced": run(torch, 6, True, True, padded=True),
+            "tree_padded_graph": run(torch, 6, True, padded=True, graph_pad=True),
             # as the worker installs it: each wrapped in the fence (fast_plan.FencedPlan)
             "tree_fenced": run(torch, 6, True, True), "width1_fenced": run(torch, 1, False, True)}
 

@@ -22,6 +22,7 @@ def _worker(W, env: dict[str, str]):
     w._target_worker = SimpleNamespace(model_runner=SimpleNamespace())
     w.draft_model_runner = SimpleNamespace()
     w._fast_plan = "on"
+    w._split_verify = False
     saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("SGLANG_DFLASH")}
     os.environ.update(env)
     try:
@@ -83,6 +84,17 @@ def main() -> dict:
         out["bound_flashinfer"] = "accepted"
     except settings.DDTreeConfigError as exc:
         out["bound_flashinfer"] = str(exc)
+    w = _worker(W, {settings.HOST_LENS_ENV: "bound"})
+    _build(w, fi[0], tr[1])  # FlashInfer target, Triton drafter: the padded verify
+    out["bound_flashinfer_target"] = [w._resolved_host_lens(), w._pad_verify]
+    w = _worker(W, {})
+    _build(w, *fi)
+    w._resolved_host_lens()
+    out["unset_flashinfer_padded"] = w._pad_verify
+    w = _worker(W, {settings.HOST_LENS_ENV: "bound"})
+    _build(w, *tr)
+    w._resolved_host_lens()
+    out["bound_triton_padded"] = w._pad_verify
     return out
 
 

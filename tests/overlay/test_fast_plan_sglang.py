@@ -53,3 +53,30 @@ def test_the_tree_mask_lands_packed_in_the_wrappers_buffers(probe):
     assert r["mask_indptr"] == r["ref_mask_indptr"]
     assert r["mask_bytes_equal"] and r["mask_tail_untouched"]
     assert r["mask_padded_to_host"] == 6 * (5 + 2 + 18 + 3 * 6) + 3 * 36  # sized from the bound
+
+
+@pytest.mark.parametrize("case", ["tree_padded", "tree_padded_fenced"])
+def test_a_padded_verify_gives_the_device_the_plans_lengths(probe, case):
+    """The padded verify (the bound on FlashInfer, the drafter elsewhere): the device's kv
+    lengths are the plan's (host bound + width), its kv indices the slots up to them, and the
+    packed mask is the padded layout's (the slots past each tree masked): FlashInfer's chunk
+    count is then the same on both sides (tests/overlay/test_host_lens.py)."""
+    r = probe[case]
+    width, host = 6, [5 + 6, 2 + 6, 18 + 6]
+    assert r["plans"] == 1 and r["plan"]["kv_lens_host"] == host
+    assert r["device_kv_indptr"] == r["plan"]["kv_indptr_host"]  # device = host, unlike "tree"
+    assert probe["tree"]["device_kv_indptr"] != probe["tree"]["plan"]["kv_indptr_host"]
+    assert r["kv_indices_ok"]
+    assert r["mask_indptr"] == r["ref_mask_indptr"]
+    assert r["mask_bytes_equal"] and r["mask_tail_untouched"]
+    assert r["mask_padded_to_host"] >= width * (5 + 2 + 18) + 3 * width * width
+
+
+def test_a_padded_verify_in_a_graph_padded_batch_keeps_the_fill_rows(probe):
+    """A replay padded to the captured bs (3 requests in the bs-4 graph): the padded prefixes
+    cover the real rows, SGLang's fill length the padding row, on both sides."""
+    r = probe["tree_padded_graph"]
+    host = [5 + 6, 2 + 6, 18 + 6, 1 + 6]
+    assert r["plans"] == 1 and r["plan"]["kv_lens_host"] == host
+    assert r["device_kv_indptr"] == r["plan"]["kv_indptr_host"]
+    assert r["kv_indices_ok"]

@@ -47,8 +47,33 @@ def test_the_bound_needs_the_sync_free_plan_and_no_flashinfer():
         with pytest.raises(settings.DDTreeConfigError) as exc:
             settings.resolve_host_lens("bound", fast_plan, flashinfer=True)
         assert "\n" not in str(exc.value) and "§29" in str(exc.value)
+        assert "the drafter's attention is FlashInfer too" in str(exc.value)
     assert settings.resolve_host_lens("bound", "off") == "sync"
     assert settings.resolve_host_lens("auto", "off") == "sync"
+
+
+def test_an_explicit_bound_pads_a_flashinfer_verify_when_the_drafter_is_elsewhere():
+    """The padded verify: a FlashInfer target, the drafter on another backend, the sync-free
+    masked verify. Unset stays sync on FlashInfer (not yet judged on a GPU); every other
+    combination is refused in one line that says which part is missing."""
+    ok = settings.resolve_host_lens("bound", "on", flashinfer=True, draft_flashinfer=False)
+    assert ok == "bound"
+    assert settings.resolve_host_lens("auto", "on", True, draft_flashinfer=False) == "sync"
+    for args, why in (((True, None, False), "the drafter's attention is FlashInfer too"),
+                      ((True, True, False), "--speculative-draft-attention-backend triton"),
+                      ((False, False, True), "attends the prefix without a mask")):
+        draft, fast, split = args[1], "on", args[2]
+        with pytest.raises(settings.DDTreeConfigError) as exc:
+            settings.resolve_host_lens("bound", fast, True, draft, split)
+        assert why in str(exc.value) and "\n" not in str(exc.value)
+    with pytest.raises(settings.DDTreeConfigError, match="FAST_PLAN=0 plans FlashInfer"):
+        settings.resolve_host_lens("bound", "off", True, False)
+    assert settings.draft_is_flashinfer({"flashinfer"}, None) is True
+    assert settings.draft_is_flashinfer({"flashinfer"}, "triton") is False
+    assert settings.draft_is_flashinfer({"triton"}, "flashinfer") is True
+    assert settings.draft_is_flashinfer({"triton"}, None) is False
+    line = settings.host_lens_line("bound", "on", flashinfer=True)
+    assert "the tree verify padded to it on FlashInfer" in line
 
 
 def test_flashinfer_backends_are_recognised_by_class():
@@ -103,6 +128,9 @@ def test_sglang_copies_the_lengths_unless_the_round_plans_from_the_bound(probe):
     assert probe["sync_triton"] is probe["triton_needs"]  # unwrapped: SGLang decides as it would
     # an explicit bound with FlashInfer: refused in one line, not planned wrong
     assert probe["bound_flashinfer"].startswith(f"{settings.HOST_LENS_ENV}=bound with FlashInfer")
+    # ... unless the drafter is on another backend: then the verify is padded to the bound
+    assert probe["bound_flashinfer_target"] == ["bound", True]
+    assert probe["unset_flashinfer_padded"] is False and probe["bound_triton_padded"] is False
 
 
 def test_two_batch_overlap_still_gets_the_lengths(probe):
@@ -151,3 +179,15 @@ def test_flashinfer_split_kv_model():
     assert _merge_reads_own_rows(prefix + w, prefix + w, w)
     assert not _merge_reads_own_rows(prefix + 2 * w, prefix + w, w)  # the reserved bound
     assert _merge_reads_own_rows(prefix + 2 * w, prefix + 1, 1)
+
+
+def test_a_padded_verify_reads_its_own_rows_from_the_bound():
+    """The padded verify (``SGLANG_DFLASH_DDTREE_HOST_LENS=bound`` with FlashInfer, the drafter
+    on another backend): the device kv lengths are the host bound too (the KV slots past the
+    tree, masked), so the kernel's chunk count is the plan's for every prefix and bound."""
+    w = 65
+    cases = [(prefix, slack) for prefix in (1, 127, 128, 400, 1023, 4000)
+             for slack in (0, 1, w, 2 * w, 700)]
+    unpadded = [_merge_reads_own_rows(p + w + d, p + w, w) for p, d in cases]
+    assert not all(unpadded)  # the bound alone mixes rows somewhere (§29)
+    assert all(_merge_reads_own_rows(p + w + d, p + w + d, w) for p, d in cases)  # padded

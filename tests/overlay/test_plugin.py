@@ -89,18 +89,22 @@ def test_launcher_refuses_the_bound_with_flashinfer(monkeypatch):
         seen.append(server_args.attention_backend)
         server_args.speculative_num_draft_tokens = 16
 
-    def args(backend):
+    def args(backend, draft=None):
         return SimpleNamespace(attention_backend=backend, prefill_attention_backend=None,
                                decode_attention_backend=None, page_size=1, pp_size=1,
                                speculative_draft_window_size=None,
-                               speculative_num_draft_tokens=None)
+                               speculative_num_draft_tokens=None,
+                               speculative_draft_attention_backend=draft)
 
     monkeypatch.setenv(settings.HOST_LENS_ENV, "bound")
     with pytest.raises(settings.DDTreeConfigError) as exc:
         hooks.handle_dflash(original, args("flashinfer"))
     assert "\n" not in str(exc.value) and "FlashInfer" in str(exc.value)
+    with pytest.raises(settings.DDTreeConfigError, match="drafter's attention is FlashInfer"):
+        hooks.handle_dflash(original, args("triton", draft="flashinfer"))
     assert seen == []
     hooks.handle_dflash(original, args("triton"))
+    hooks.handle_dflash(original, args("flashinfer", draft="triton"))  # the padded verify
     monkeypatch.delenv(settings.HOST_LENS_ENV)
     hooks.handle_dflash(original, args("flashinfer"))
-    assert seen == ["triton", "flashinfer"]
+    assert seen == ["triton", "flashinfer", "flashinfer"]

@@ -253,3 +253,17 @@ def test_per_node_targets_uses_injected_renorm_kernels():
     assert torch.equal(got, logits.argmax(-1).view(2, 3))
     assert calls[0] == ("k", [1, 1, 1, 1, 1, 1])  # per node, request-major
     assert calls[1][0] == "p" and calls[1][1] == pytest.approx([0.9] * 3 + [0.8] * 3)
+
+
+def test_pinned_ring_copies_each_round_into_its_own_slot():
+    """The padded verify's host-to-device copy: a round's values stay intact while the next
+    rounds (up to the ring's size) fill other slots; a longer batch grows the ring."""
+    from sglang_dflash.sglang_overlay.verify import PinnedRing
+
+    ring = PinnedRing("cpu", slots=3)
+    got = [ring.to_device(torch.tensor([i, i + 1, i + 2])) for i in range(3)]
+    for i, t in enumerate(got):
+        assert t.tolist() == [i, i + 1, i + 2]  # not overwritten by the later rounds
+    big = ring.to_device(torch.arange(100))
+    assert big.tolist() == list(range(100)) and big.dtype == torch.int64
+    assert ring.to_device(torch.tensor([7])).tolist() == [7]

@@ -343,6 +343,25 @@ def test_split_modifier_sets_the_split_verify_on_flashinfer_only(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_pad_modifier_runs_the_bound_with_the_drafter_on_triton():
+    import real_drafter.serve_pair as sp
+
+    from sglang_dflash.config import parse_config
+    from sglang_dflash.sglang_overlay import settings
+
+    cfg = sp.pair_config(Path("/p"), "n", "ddtree:15+pad", "flashinfer")
+    assert cfg["environment"] == {settings.HOST_LENS_ENV: "bound"}
+    assert cfg["attentionBackend"] == "flashinfer" and cfg["draftAttentionBackend"] == "triton"
+    assert sp.mode_label("adaptive:16+pad") == "ddtree-adaptive-16+pad"
+    # the instance config this renders passes the launcher's rule (the padded verify)
+    env = dict(parse_config(cfg | {"model": "/p/target"}).environment)
+    assert env[settings.HOST_LENS_ENV] == "bound"
+    plain = sp.pair_config(Path("/p"), "n", "ddtree:15", "flashinfer")
+    assert plain["draftAttentionBackend"] == "flashinfer" and "environment" not in plain
+    with pytest.raises(ValueError, match="needs a DDTree mode"):
+        sp.parse_mode("dflash+pad")
+
+
 def test_profile_with_a_step_count_starts_its_server_with_it(pair, tmp_path):
     from sglang_dflash.sglang_overlay import settings
 

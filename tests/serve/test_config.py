@@ -142,6 +142,11 @@ def test_ddtree_switches_in_environment_are_judged_as_the_launcher_judges_them(e
 def test_ddtree_switches_that_hold_pass_and_other_algorithms_ignore_them():
     bound = {"SGLANG_DFLASH_DDTREE_HOST_LENS": "bound"}
     assert parse_config(cfg_with(environment=bound, attentionBackend="triton")).environment
+    # the padded verify: FlashInfer target, the drafter on Triton (typed key or extraArgs)
+    assert parse_config(cfg_with(environment=bound, attentionBackend="flashinfer",
+                                 draftAttentionBackend="triton")).environment
+    assert parse_config(cfg_with(environment=bound, attentionBackend="flashinfer", extraArgs=[
+        "--speculative-draft-attention-backend=triton"])).environment
     assert parse_config(cfg_with(environment={"SGLANG_DFLASH_DDTREE_HOST_LENS": "sync"},
                                  attentionBackend="flashinfer")).environment
     dflash = cfg_with(environment=bound, attentionBackend="flashinfer", algorithm="dflash")

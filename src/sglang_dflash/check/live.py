@@ -105,6 +105,10 @@ class Client:
             return status, text
 
 
+# SGLang 0.5.17's /health sleeps a second before its 200 (serve.HEALTH_PROBE_TIMEOUT_S)
+HEALTH_MIN_TIMEOUT_S = 2.0
+
+
 def transport_error(exc: BaseException, base: str, timeout: float) -> str:
     reason = getattr(exc, "reason", exc)
     if isinstance(reason, TimeoutError) or "timed out" in str(reason):
@@ -214,15 +218,20 @@ def evaluate_ddtree_policy(info: dict, expected: str | None) -> Result:
     if state.get("host_lens") == "bound":
         plan += ", host lengths from the reserved bound"
     flashinfer = flashinfer_fields(info)
-    if state.get("host_lens") == "bound" and (flashinfer or state.get("flashinfer_plans")):
+    draft = info.get("speculative_draft_attention_backend")
+    padded = state.get("padded_verify") is True and draft not in (None, "", "flashinfer")
+    if state.get("host_lens") == "bound" and padded:
+        plan += f", the FlashInfer verify padded to it (drafter on {draft})"
+    elif state.get("host_lens") == "bound" and (flashinfer or state.get("flashinfer_plans")):
         return failed(LAYER, "ddtree_policy", f"policy {policy}: DDTree plans FlashInfer "
                       f"attention ({', '.join(flashinfer) or 'the worker reports it'}) from the "
                       "reserved length bound: FlashInfer's split-KV plan then mixes a tree "
                       "verify's rows and commits tokens the target did not choose "
                       "(docs/gpu-results.md §29, §30)",
                       "install this sglang-dflash in the server's environment (its worker plans "
-                      f"FlashInfer from exact lengths), unset {settings.HOST_LENS_ENV}, or use "
-                      "--attention-backend triton")
+                      "FlashInfer from exact lengths, or pads the verify to the bound with the "
+                      "drafter on --speculative-draft-attention-backend triton), unset "
+                      f"{settings.HOST_LENS_ENV}, or use --attention-backend triton")
     if checks.get("violations"):
         return failed(LAYER, "ddtree_policy", f"policy {policy}: the sync-free plan's host bound "
                       f"was below the device prefix in {checks['violations']} of "
@@ -294,8 +303,12 @@ def run_layer(url: str | None, exp: Expectations, timeout: float, api_key: str |
     try:
         status, _ = client.request("GET", "/health")
     except (OSError, TimeoutError) as exc:
-        return [failed(LAYER, "health", transport_error(exc, base, timeout),
-                       "start the server, or check --url")]
+        found = transport_error(exc, base, timeout)
+        slow = found.startswith("no answer") and timeout < HEALTH_MIN_TIMEOUT_S
+        return [failed(LAYER, "health", found,
+                       f"use --timeout {HEALTH_MIN_TIMEOUT_S:g} or more (SGLang 0.5.17's /health "
+                       "answers a server that is up after a one-token generation and a 1 s wait)"
+                       if slow else "start the server, or check --url")]
     if status != 200:
         return [failed(LAYER, "health", f"GET /health answered {status} (not ready or unhealthy)",
                        "wait for startup to finish, or read the server log")]

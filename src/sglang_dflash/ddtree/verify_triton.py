@@ -36,42 +36,64 @@ _MASK_CHUNKS = tl.constexpr(MASK_MAX_BS // 64)  # read inside the kernel
 def _full_mask_kernel(
     vis_ptr,  # [bs, W, W] bool: node i sees node j
     seq_ptr,  # [bs] int64: committed prefix lengths
+    pad_ptr,  # [bs] int64: padded prefix lengths P >= seq (PADDED), else seq_ptr again
     out_ptr,  # flat bool FULL_MASK, already all True
     bs,
     W,
     WP: tl.constexpr,  # next power of two >= W
+    PADDED: tl.constexpr,  # blocks [W, P + W], the columns past the tree block False
 ):
     b = tl.program_id(0)
+    # axis 1: 0 writes the tree block; with PADDED, c >= 1 clears the (c-1)-th 64 columns
+    # past it (a grid, not a loop: the bound is a runtime value and the interpreter needs
+    # compile-time loop bounds; a grid size compiles nothing)
+    c = tl.program_id(1)
     # the prefixes of the requests before b: masked loads over MASK_MAX_BS, so no size of
     # the batch is compiled in (a new batch size never triggers a compile mid-serving)
     prefix = tl.zeros([], dtype=tl.int64)
     chunk = tl.arange(0, 64)
-    for c in tl.static_range(_MASK_CHUNKS):
-        offs = c * 64 + chunk
-        prefix += tl.sum(tl.load(seq_ptr + offs, mask=(offs < bs) & (offs < b), other=0), 0)
+    for k in tl.static_range(_MASK_CHUNKS):
+        offs = k * 64 + chunk
+        prefix += tl.sum(tl.load(pad_ptr + offs, mask=(offs < bs) & (offs < b), other=0), 0)
     s_b = tl.load(seq_ptr + b)
+    p_b = tl.load(pad_ptr + b)
     w64 = W.to(tl.int64)
     base = w64 * prefix + b.to(tl.int64) * w64 * w64
     i = tl.arange(0, WP)[:, None]
     j = tl.arange(0, WP)[None, :]
     inside = (i < W) & (j < W)
-    v = tl.load(vis_ptr + b.to(tl.int64) * w64 * w64 + i * W + j, mask=inside, other=0)
-    # row i of request b starts at base + i * (s_b + W); its tree block after the prefix
-    tl.store(out_ptr + base + i * (s_b + w64) + s_b + j, v, mask=inside)
+    if c == 0:
+        v = tl.load(vis_ptr + b.to(tl.int64) * w64 * w64 + i * W + j, mask=inside, other=0)
+        # row i of request b starts at base + i * (p_b + W); its tree block after the prefix
+        tl.store(out_ptr + base + i * (p_b + w64) + s_b + j, v, mask=inside)
+    elif PADDED:  # the p_b - s_b columns after the tree block: KV slots it must not see
+        col = (c - 1).to(tl.int64) * 64 + chunk[None, :]
+        tl.store(out_ptr + base + i * (p_b + w64) + s_b + w64 + col,
+                 tl.zeros([WP, 64], dtype=tl.int1), mask=(i < W) & (col < p_b - s_b))
 
 
-def full_mask_triton(vis: torch.Tensor, seq_lens: torch.Tensor, seq_lens_sum: int) -> torch.Tensor:
+def full_mask_triton(vis: torch.Tensor, seq_lens: torch.Tensor, seq_lens_sum: int,
+                     padded_lens: torch.Tensor | None = None, pad_max: int = 0,
+                     tail: int = 0) -> torch.Tensor:
     """``mask.full_mask(tree, seq_lens, seq_lens_sum=...)`` for width > 1: one fill, one kernel
-    (one compile per width)."""
+    (one compile per width and layout). With ``padded_lens`` (``[bs]`` on the device, summing
+    to ``seq_lens_sum``) the padded layout of ``mask.padded_full_mask``; ``pad_max`` is a host
+    bound of the longest ``P - seq`` (the columns each row clears); ``tail`` True elements
+    after the blocks."""
     bs, width, _ = vis.shape
     if bs > MASK_MAX_BS:
         raise ValueError(f"full_mask_triton takes at most {MASK_MAX_BS} requests, got {bs}")
     dev = vis.device
-    out = torch.ones(int(seq_lens_sum) * width + bs * width * width, dtype=torch.bool, device=dev)
+    out = torch.ones(int(seq_lens_sum) * width + bs * width * width + max(int(tail), 0),
+                     dtype=torch.bool, device=dev)
     if bs > 0:
-        _full_mask_kernel[(bs,)](
-            vis.contiguous(), seq_lens.to(device=dev, dtype=torch.long).contiguous(), out,
-            bs, width, WP=triton.next_power_of_2(width),
+        seq = seq_lens.to(device=dev, dtype=torch.long).contiguous()
+        pad = seq if padded_lens is None else \
+            padded_lens.to(device=dev, dtype=torch.long).contiguous()
+        chunks = 0 if padded_lens is None else -(-max(int(pad_max), 0) // 64)
+        _full_mask_kernel[(bs, 1 + chunks)](
+            vis.contiguous(), seq, pad, out, bs, width,
+            WP=triton.next_power_of_2(width), PADDED=padded_lens is not None,
         )
     return out
 
@@ -173,6 +195,7 @@ def warm_up(width: int, depth: int, device) -> None:
     vis = torch.ones((1, width, width), dtype=torch.bool, device=device)
     seq = torch.ones(1, dtype=torch.long, device=device)
     full_mask_triton(vis, seq, 1)
+    full_mask_triton(vis, seq, 2, padded_lens=seq + 1, pad_max=1)  # the padded verify's
     idx = torch.full((1, depth + 1), -1, dtype=torch.int32, device=device)
     idx[:, 0] = 0
     pred = torch.zeros(width, dtype=torch.int32, device=device)

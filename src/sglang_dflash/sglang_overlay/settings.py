@@ -193,8 +193,8 @@ def parse_host_lens(raw: str | None) -> str:
     (SGLang copies every round's published lengths to the host and waits for them before it
     schedules the next round: what it does for DFLASH); else a one-line error."""
     return _parse_switch(raw, HOST_LENS_ENV, HOST_LENS_MODES,
-                         "unset (auto), bound (no per-round copy of the lengths; not with "
-                         "FlashInfer) or sync")
+                         "unset (auto), bound (no per-round copy of the lengths; with FlashInfer "
+                         "only with the drafter on another backend) or sync")
 
 
 def host_lens_from_env(environ: Mapping[str, str] | None = None) -> str:
@@ -205,8 +205,26 @@ def host_lens_from_env(environ: Mapping[str, str] | None = None) -> str:
 FLASHINFER_BOUND_REASON = (
     f"{HOST_LENS_ENV}=bound with FlashInfer attention: FlashInfer's split-KV plan must read "
     "each forward's exact kv lengths (planned from a bound, its merge reads other rows' partial "
-    "outputs and a tree verify commits wrong tokens, docs/gpu-results.md §29); leave it unset "
+    "outputs and a tree verify commits wrong tokens, docs/gpu-results.md §29); the tree verify "
+    "can be padded to the bound, the drafter's block forward cannot: {why}; leave it unset "
     "(sync on FlashInfer) or use --attention-backend triton")
+
+
+def flashinfer_bound_refusal(draft_flashinfer: bool | None, fast_plan: str,
+                             split_verify: bool) -> str | None:
+    """Why ``bound`` cannot run with a FlashInfer target (one line), or None: the padded
+    verify needs the sync-free plan (it builds the padded layout) and the masked verify (the
+    split one attends the prefix without a mask), and the drafter planned elsewhere."""
+    if draft_flashinfer is not False:
+        why = ("the drafter's attention is FlashInfer too (set --speculative-draft-attention-"
+               "backend triton, draftAttentionBackend = \"triton\")")
+    elif fast_plan == "off":
+        why = f"{FAST_PLAN_ENV}=0 plans FlashInfer from SGLang's own host lengths"
+    elif split_verify:
+        why = f"{SPLIT_VERIFY_ENV}=1 attends the prefix without a mask"
+    else:
+        return None
+    return FLASHINFER_BOUND_REASON.format(why=why)
 
 
 # The server arguments that name an attention backend a DDTree round plans with (sglang
@@ -232,15 +250,23 @@ def is_flashinfer_backend(backend: Any, depth: int = 0) -> bool:
                              is not None)
 
 
-def resolve_host_lens(host_lens: str, fast_plan: str, flashinfer: bool = False) -> str:
+def resolve_host_lens(host_lens: str, fast_plan: str, flashinfer: bool = False,
+                      draft_flashinfer: bool | None = None, split_verify: bool = False) -> str:
     """The host-lengths mode a round runs; ``flashinfer``: a FlashInfer backend plans its
-    target or drafter forwards. ``bound`` rests on the sync-free plan (every plan reads the
-    round's own bound) and on no plan splitting its KV by host lengths: FlashInfer's does (its
-    merge then mixes the rows of a tree verify or a draft block, §29), so unset means ``sync``
-    there and an explicit ``bound`` is a one-line DDTreeConfigError. With ``FAST_PLAN=0``
-    FlashInfer plans itself from SGLang's host lengths, so it is ``sync`` as well."""
+    target or drafter forwards (``draft_flashinfer``: the drafter's, None = unknown, taken as
+    FlashInfer). ``bound`` rests on the sync-free plan (every plan reads the round's own bound)
+    and on no plan splitting its KV by host lengths the device does not share: FlashInfer's
+    does (its merge then mixes the rows of a tree verify or a draft block, §29), so unset means
+    ``sync`` there. An explicit ``bound`` runs with a FlashInfer target when the verify can be
+    padded to the bound (``flashinfer_bound_refusal``: the drafter elsewhere, the sync-free
+    masked verify): the device kv lengths are the bound too, the slots past the tree masked
+    (docs/ddtree.md, "A padded verify"); otherwise it is a one-line DDTreeConfigError. With
+    ``FAST_PLAN=0`` FlashInfer plans itself from SGLang's host lengths, so it is ``sync``."""
     if host_lens == "bound" and flashinfer:
-        raise DDTreeConfigError(FLASHINFER_BOUND_REASON)
+        why = flashinfer_bound_refusal(draft_flashinfer, fast_plan, split_verify)
+        if why is not None:
+            raise DDTreeConfigError(why)
+        return "bound"
     if fast_plan == "off" or flashinfer:
         return "sync"
     return "sync" if host_lens == "sync" else "bound"
@@ -249,8 +275,10 @@ def resolve_host_lens(host_lens: str, fast_plan: str, flashinfer: bool = False) 
 def host_lens_line(host_lens: str, fast_plan: str, flashinfer: bool = False) -> str:
     """The start-up log line naming the round's host-lengths mode (and why it is ``sync``)."""
     if host_lens == "bound":
+        padded = (" the tree verify padded to it on FlashInfer, its slots past the tree masked;"
+                  if flashinfer else "")
         return ("DDTree host lengths: bound (SGLang does not copy each round's lengths to the "
-                "host; every plan reads the reserved bound).")
+                f"host; every plan reads the reserved bound;{padded} a width-1 verify as is).")
     if fast_plan == "off":
         why = "FAST_PLAN=0: FlashInfer plans from SGLang's host lengths"
     elif flashinfer:
@@ -279,14 +307,26 @@ def nodraft_steps_from_env(draft_width: int, environ: Mapping[str, str] | None =
     return max(1, min(parse_nodraft_steps(env.get(NODRAFT_STEPS_ENV)), int(draft_width)))
 
 
-def check_switches(environ: Mapping[str, str], flashinfer: bool) -> None:
+def check_switches(environ: Mapping[str, str], flashinfer: bool,
+                   draft_flashinfer: bool | None = None) -> None:
     """Every DDTree switch ``environ`` sets, parsed as the worker parses it, and the
-    host-lengths rule for a server whose flags select FlashInfer attention (``flashinfer``):
-    the launcher (``hooks.handle_dflash``) and the instance config (``config.parse_config``)
-    ask this one function. A bad value is a one-line DDTreeConfigError."""
+    host-lengths rule for a server whose flags select FlashInfer attention (``flashinfer``;
+    ``draft_flashinfer``: for the drafter, None = unknown): the launcher
+    (``hooks.handle_dflash``) and the instance config (``config.parse_config``) ask this one
+    function. A bad value is a one-line DDTreeConfigError."""
     nodraft_steps_from_env(1, environ)
-    split_verify_from_env(environ)
-    resolve_host_lens(host_lens_from_env(environ), fast_plan_from_env(environ), flashinfer)
+    split = split_verify_from_env(environ)
+    resolve_host_lens(host_lens_from_env(environ), fast_plan_from_env(environ), flashinfer,
+                      draft_flashinfer, split)
+
+
+def draft_is_flashinfer(target_backends: set, draft_backend: str | None) -> bool:
+    """Whether the drafter's forwards run FlashInfer attention: its own backend when the server
+    names one (``--speculative-draft-attention-backend``), else the target's (SGLang builds the
+    drafter's backend from the target's flags then)."""
+    if draft_backend:
+        return draft_backend == "flashinfer"
+    return "flashinfer" in target_backends
 
 
 def is_requested(environ: Mapping[str, str] | None = None) -> bool:

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import torch
 
-from sglang_dflash.ddtree.mask import full_mask
+from sglang_dflash.ddtree.mask import full_mask, padded_full_mask
 from sglang_dflash.ddtree.tree import DDTree, root_tree, use_triton, verify_kernels
 from sglang_dflash.ddtree.walk import greedy_walk
 
@@ -28,19 +28,74 @@ class VerifyTensors(NamedTuple):
 
 
 def build_verify_tensors(tree: DDTree, prefix_lens: torch.Tensor, host_seq_lens_sum: int,
-                         masked: bool = True):
+                         masked: bool = True, padded_lens: torch.Tensor | None = None,
+                         pad_max: int = 0, tail: int = 0):
     """Verify inputs for ``tree``; the mask is sized from the host upper bound of the prefixes.
 
     ``masked=False`` (a root-only tree, width 1) leaves the mask out: one query that sees its
-    prefix and itself is exactly the causal mask.
+    prefix and itself is exactly the causal mask. ``padded_lens`` (the padded verify, device
+    ``[bs]`` summing to ``host_seq_lens_sum``; ``pad_max`` a host bound of the longest
+    ``P - prefix``; ``tail`` True elements after it) lays the mask out over the padded
+    prefixes (``mask.padded_full_mask``).
 
     SGLang's backends index the FULL_MASK with the device ``seq_lens`` (the committed prefixes)
     and size buffers from the host ``seq_lens_sum``, which overlap scheduling only knows as an
     upper bound. Sizing from that bound avoids a host sync; the unused tail stays True, which
     is how SGLang pads masks for CUDA graphs.
     """
-    mask = full_mask(tree, prefix_lens, seq_lens_sum=int(host_seq_lens_sum)) if masked else None
+    if padded_lens is not None:
+        mask = padded_full_mask(tree, prefix_lens, padded_lens, int(host_seq_lens_sum), pad_max,
+                                tail)
+    else:
+        mask = full_mask(tree, prefix_lens, seq_lens_sum=int(host_seq_lens_sum)) if masked \
+            else None
     return VerifyTensors(tree.tokens.reshape(-1), tree.positions.reshape(-1), mask)
+
+
+class PinnedRing:
+    """Small host tensors to the device each round without a sync: a few page-locked slots
+    used in turn, each copied asynchronously; a slot is refilled only once its last copy has
+    run (its event), which, with the host at most a round or two ahead of the GPU, never
+    waits. (A copy from pageable memory can synchronise the stream.) On a CPU device a plain
+    copy."""
+
+    def __init__(self, device, slots: int = 4) -> None:
+        self.device = torch.device(device)
+        self.slots = slots
+        self._cap = 0
+        self._host: list[torch.Tensor] = []
+        self._dev: list[torch.Tensor] = []
+        self._events: list = []
+        self._i = 0
+
+    def _grow(self, n: int) -> None:
+        cap = max(n, 2 * self._cap, 64)
+        pinned = self.device.type == "cuda"
+        self._host = [torch.empty(cap, dtype=torch.int64, pin_memory=pinned)
+                      for _ in range(self.slots)]
+        self._dev = [torch.empty(cap, dtype=torch.int64, device=self.device)
+                     for _ in range(self.slots)]
+        self._events = [None] * self.slots
+        self._cap = cap
+
+    def to_device(self, values: torch.Tensor) -> torch.Tensor:
+        """``values`` (host, int64) on the device, a view of this round's slot."""
+        n = int(values.numel())
+        if n > self._cap:
+            if any(e is not None for e in self._events):  # the old slots' copies first
+                torch.cuda.current_stream(self.device).synchronize()
+            self._grow(n)
+        i, self._i = self._i, (self._i + 1) % self.slots
+        if self._events[i] is not None:
+            self._events[i].synchronize()
+        host, dev = self._host[i][:n], self._dev[i][:n]
+        host.copy_(values.reshape(-1))
+        dev.copy_(host, non_blocking=self.device.type == "cuda")
+        if self.device.type == "cuda":
+            ev = torch.cuda.Event()
+            ev.record(torch.cuda.current_stream(self.device))
+            self._events[i] = ev
+        return dev
 
 
 def verify_slots(block_slots: torch.Tensor, width: int) -> torch.Tensor | None:

@@ -65,6 +65,7 @@ from sglang_dflash.sglang_overlay.draft_head import DraftTopKHead, draft_topk
 from sglang_dflash.sglang_overlay.round_steps import RoundSteps
 from sglang_dflash.sglang_overlay.timing import stage_ranges
 from sglang_dflash.sglang_overlay.verify import (
+    PinnedRing,
     RootRound,
     build_verify_tensors,
     gather_accepted_rows,
@@ -203,15 +204,27 @@ class DDTreeVerifyInput(DFlashVerifyInput):
     # [bs, W, W] bool: the tree's visibility when the verify's attention is split
     # (SGLANG_DFLASH_DDTREE_SPLIT_VERIFY=1); then custom_mask is None
     split_visibility: Any = None
+    # [bs] int64 on the device: the padded verify's prefix lengths P (the host bound - W),
+    # when the round plans FlashInfer from the bound (custom_mask is then the padded layout)
+    padded_lens: Any = None
 
     def generate_attn_arg_prefill(self, req_pool_indices, paged_kernel_lens,
                                   paged_kernel_lens_sum, req_to_token, kv_start_idx=None):
         """FlashInfer's verify layout. Split: the paged attention covers each request's prefix
         alone (no mask; the W tree keys come from the tree block, ``hooks.split_verify``);
-        otherwise DFlash's, prefix + W with the tree's FULL_MASK."""
+        padded: DFlash's over the padded prefixes P (kv lengths P + W = the host bound the plan
+        reads, the slots past the tree masked); otherwise DFlash's, prefix + W with the tree's
+        FULL_MASK."""
         if self.split_visibility is None:
+            lens = paged_kernel_lens
+            if self.padded_lens is not None:
+                # a graph replay pads the batch to its captured size with SGLang's fill
+                # lengths, on the host too: those rows keep them
+                n = self.padded_lens.numel()
+                lens = self.padded_lens if n >= len(req_pool_indices) else torch.cat(
+                    [self.padded_lens, paged_kernel_lens[n:].to(self.padded_lens.dtype)])
             return super().generate_attn_arg_prefill(
-                req_pool_indices, paged_kernel_lens, paged_kernel_lens_sum, req_to_token,
+                req_pool_indices, lens, paged_kernel_lens_sum, req_to_token,
                 kv_start_idx=kv_start_idx)
         device, bs, width = req_pool_indices.device, len(req_pool_indices), self.draft_token_num
         qo_indptr = torch.arange(0, (bs + 1) * width, step=width, dtype=torch.int32,
@@ -520,6 +533,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._host_lens_env = settings.host_lens_from_env()
         self._host_lens: str | None = None
         self._flashinfer_plans: bool | None = None
+        self._pad_verify = False  # the bound with a FlashInfer target: its verify padded
+        self._pad_ring: PinnedRing | None = None
 
     def _resolved_host_lens(self) -> str:
         """``bound`` or ``sync`` (``settings.resolve_host_lens``): ``bound`` unless HOST_LENS=sync,
@@ -535,9 +550,12 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             )
             if any(b is None for b in backends):
                 return "sync"
-            self._flashinfer_plans = any(map(settings.is_flashinfer_backend, backends))
+            target_fi, draft_fi = map(settings.is_flashinfer_backend, backends)
+            self._flashinfer_plans = target_fi or draft_fi
             self._host_lens = settings.resolve_host_lens(self._host_lens_env, self._fast_plan,
-                                                         self._flashinfer_plans)
+                                                         self._flashinfer_plans, draft_fi,
+                                                         self._split_verify)
+            self._pad_verify = self._host_lens == "bound" and target_fi
         return self._host_lens
 
     def init_cuda_graphs(self):
@@ -695,7 +713,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         """The policy and what each batch size has learnt (logged; read by diagnostics)."""
         out = {"policy": self._policy_spec.describe(), "budget": self.ddtree.budget,
                "fast_plan": self._fast_plan, "host_lens": self._resolved_host_lens(),
-               "flashinfer_plans": bool(self._flashinfer_plans)}
+               "flashinfer_plans": bool(self._flashinfer_plans),
+               "padded_verify": bool(self._pad_verify)}
         if self._fast_plan == "check":
             out["fast_plan_checks"] = {"rounds": self._plan_checks,
                                        "violations": self._plan_violations}
@@ -1108,7 +1127,16 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         # copies it into a buffer sized max_bs * W * (context_len + W).
         mask_sum = min(host_sum, bs * int(self.model_runner.model_config.context_len))
         split = self._split_verify and width > 1
-        vt = build_verify_tensors(tree, prefix_lens, mask_sum, masked=width > 1 and not split)
+        padded = None
+        if self._pad_verify and width > 1 and not split:
+            padded, mask_sum, pad_max = self._padded_prefixes(batch, batch.seq_lens_cpu, width)
+            # sized as SGLang's generate_attn_arg_prefill wants it (host sum * W + bs * W^2),
+            # so it does not copy the mask to pad it
+            vt = build_verify_tensors(tree, prefix_lens, mask_sum, padded_lens=padded,
+                                      pad_max=pad_max, tail=width * (host_sum - mask_sum))
+        else:
+            vt = build_verify_tensors(tree, prefix_lens, mask_sum,
+                                      masked=width > 1 and not split)
         verify_input = DDTreeVerifyInput(
             draft_token=vt.tokens,
             positions=vt.positions,
@@ -1117,6 +1145,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             capture_hidden_mode=CaptureHiddenMode.FULL,
         )
         verify_input.tree = tree
+        verify_input.padded_lens = padded
         if split:  # the graphs read the runner's copy; an eager forward reads the tensor
             split_verify.fill_visibility(self._target_worker.model_runner.decode_cuda_graph_runner,
                                          tree.visibility, width)
@@ -1125,6 +1154,24 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         verify_fb, _ = verify_input.prepare_for_verify(batch, self._target_worker)
         batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu_backup, seq_lens_sum_backup
         return verify_fb, vt
+
+    def _padded_prefixes(self, batch, bound_cpu: torch.Tensor, width: int):
+        """The padded verify's prefixes P = the host bound - W (the kv lengths the plan reads,
+        ``bound_cpu``, become the device's too), on the device through pinned memory (no
+        sync); their host sum; and a host bound of the longest P - prefix, the columns the
+        mask clears (from the committed lengths the host has seen, which the device's are not
+        below; the longest P without them)."""
+        pads = bound_cpu.to(torch.int64) - int(width)
+        if self._pad_ring is None:
+            self._pad_ring = PinnedRing(self.device)
+        dev = self._pad_ring.to_device(pads)
+        reqs = getattr(batch, "reqs", None) or ()  # a ModelWorkerBatch may carry none
+        committed = [getattr(r, "kv_committed_len", None) for r in reqs]
+        if len(committed) == len(pads) and all(c is not None for c in committed):
+            pad_max = int((pads - torch.tensor(committed, dtype=torch.int64)).max())
+        else:
+            pad_max = int(pads.max())
+        return dev, int(pads.sum()), max(pad_max, 0)
 
     def _node_choice(self, sampling_info, logits, vt, bs: int, width: int):
         """The target's token after every node: argmax, a seeded draw, or a sample."""
