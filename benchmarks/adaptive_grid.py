@@ -544,11 +544,15 @@ def server_config(opts: Opts, name: str, mode: Mode, environment: dict | None = 
         "contextLength": CONTEXT_LENGTH, "loadFormat": "dummy", "skipTokenizerInit": True,
         "preflight": False, "startTimeout": 420, "extraArgs": extra,
     }
+    padded = mode.algorithm == "ddtree" and opts.settings.get("padded_verify")
     if mode.algorithm != "none":
+        # the padded verify (--padded-verify): the drafter on Triton, its plans off FlashInfer
         cfg |= {"draftModel": str(draft), "draftLoadFormat": "dummy",
-                "draftAttentionBackend": opts.backend}
+                "draftAttentionBackend": "triton" if padded else opts.backend}
     if mode.algorithm == "ddtree":
         cfg["ddtree"] = {"budget": mode.budget, "policy": server_policy(opts, mode)}
+    if padded:
+        environment = {**(environment or {}), overlay_settings.HOST_LENS_ENV: "bound"}
     if environment:
         cfg["environment"] = environment
     return cfg
@@ -1226,6 +1230,10 @@ def build_parser() -> Parser:
                     "measured (H200 2026-12-03: 55-60 s + the stop)")
     ap.add_argument("--level-estimate-s", type=float, default=20.0,
                     help="one level before any level has been measured")
+    ap.add_argument("--padded-verify", action="store_true",
+                    help="DDTree servers plan FlashInfer from the host bound with the tree "
+                    "verify padded to it (SGLANG_DFLASH_DDTREE_HOST_LENS=bound, the drafter on "
+                    "Triton; docs/ddtree.md 'A padded verify'); FlashInfer only")
     ap.add_argument("--freeze-gc", action="store_true",
                     help="bench --freeze-gc at every level: the servers' garbage collectors "
                     "frozen after each level's warm-up (a grid of its own: resumes only with "
@@ -1289,6 +1297,11 @@ def setup(args: argparse.Namespace, argv: list[str]) -> Grid:
         settings["adaptive_policy"] = args.adaptive_policy
     if args.freeze_gc:  # likewise: kept only when on
         settings["freeze_gc"] = True
+    if args.padded_verify:
+        if args.backend != "flashinfer":
+            raise UsageError("--padded-verify pads FlashInfer's tree verify to the bound: it "
+                             "needs --backend flashinfer (Triton plans from the bound already)")
+        settings["padded_verify"] = True
     earlier_results(out / "results.json", settings)  # before anything under --out changes
     opts = Opts(out=out, env=env, clock=e2e.Clock(args.time_budget_s),
                 models=e2e.write_models(out / "models", target_cfg, draft_cfg),

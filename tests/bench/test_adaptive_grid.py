@@ -886,3 +886,35 @@ def test_freeze_gc_reaches_every_bench_and_pins_the_out(tmp_path):
     other = ["--out", str(tmp_path / "p"), "--site", str(REPO / "src"), *TINY]
     assert "freeze_gc" not in grid.setup(grid.build_parser().parse_args(other),
                                           other).opts.settings
+
+
+def test_padded_verify_reaches_the_ddtree_servers_only_and_pins_the_out(tmp_path):
+    """--padded-verify: every DDTree server plans FlashInfer from the bound with its drafter on
+    Triton, the way the launcher accepts it; DFLASH and none stay as they were; FlashInfer only;
+    a grid measured with it resumes only with it."""
+    from sglang_dflash.config import parse_config
+
+    out = tmp_path / "o"
+    argv = ["--out", str(out), "--site", str(REPO / "src"), *TINY, "--padded-verify"]
+    g = grid.setup(grid.build_parser().parse_args(argv), argv)
+    assert g.opts.settings["padded_verify"] is True
+    by_label = {m.label: m for m in g.opts.modes}
+    ddtree = grid.server_config(g.opts, "a", by_label["ddtree-adaptive"])
+    assert ddtree["environment"][grid.overlay_settings.HOST_LENS_ENV] == "bound"
+    assert ddtree["attentionBackend"] == "flashinfer"
+    assert ddtree["draftAttentionBackend"] == "triton"
+    env = dict(parse_config(ddtree).environment)  # the launcher's rule holds
+    assert env[grid.overlay_settings.HOST_LENS_ENV] == "bound"
+    for label in ("dflash", "none"):
+        if label in by_label:
+            cfg = grid.server_config(g.opts, label, by_label[label])
+            assert grid.overlay_settings.HOST_LENS_ENV not in cfg.get("environment", {})
+            assert cfg.get("draftAttentionBackend") in (None, "flashinfer")
+    g.save()
+    plain = ["--out", str(out), "--site", str(REPO / "src"), *TINY]
+    with pytest.raises(grid.UsageError, match=r"other settings \(padded_verify\)"):
+        grid.setup(grid.build_parser().parse_args(plain), plain)
+    tri = ["--out", str(tmp_path / "t"), "--site", str(REPO / "src"), *TINY,
+           "--backend", "triton", "--padded-verify"]
+    with pytest.raises(grid.UsageError, match="needs --backend flashinfer"):
+        grid.setup(grid.build_parser().parse_args(tri), tri)
