@@ -95,6 +95,19 @@ def main() -> dict:
     _build(w, *tr)
     w._resolved_host_lens()
     out["bound_triton_padded"] = w._pad_verify
+
+    # the padded verify's prefixes (worker._padded_prefixes): P = the host bound - W on the
+    # device, their sum, and the columns a mask row clears (from the committed lengths the
+    # host has seen; the longest P without them)
+    import torch
+
+    w.device = torch.device("cpu")
+    bound = torch.tensor([40, 25, 90])
+    reqs = [SimpleNamespace(kv_committed_len=c) for c in (20, 10, 70)]
+    dev, total, pad_max = w._padded_prefixes(SimpleNamespace(reqs=reqs), bound, 8)
+    out["padded_prefixes"] = [dev.tolist(), total, pad_max]
+    dev, total, pad_max = w._padded_prefixes(SimpleNamespace(), bound, 8)
+    out["padded_prefixes_no_reqs"] = [dev.tolist(), total, pad_max]
     return out
 
 

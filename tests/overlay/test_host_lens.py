@@ -131,6 +131,9 @@ def test_sglang_copies_the_lengths_unless_the_round_plans_from_the_bound(probe):
     # ... unless the drafter is on another backend: then the verify is padded to the bound
     assert probe["bound_flashinfer_target"] == ["bound", True]
     assert probe["unset_flashinfer_padded"] is False and probe["bound_triton_padded"] is False
+    # P = bound - 8 = 32, 17, 82; the mask clears up to max(P - committed) = 12 columns a row
+    assert probe["padded_prefixes"] == [[32, 17, 82], 131, 12]
+    assert probe["padded_prefixes_no_reqs"] == [[32, 17, 82], 131, 82]
 
 
 def test_two_batch_overlap_still_gets_the_lengths(probe):
