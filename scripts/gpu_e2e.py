@@ -346,7 +346,23 @@ def running_server(opts: Opts, cfg: dict, name: str):
     finally:
         rec["serve_exit"] = stop_group(proc, timeout=40)
         log.close()
-        rec["log_tail"] = log_path.read_text(errors="replace")[-6000:]
+        text = log_path.read_text(errors="replace")
+        rec["log_tail"] = text[-6000:]
+        rec["serve_lines"] = serve_lines(text)
+
+
+# serve's own journal lines (readiness, the collectors' freeze, the child's fate): until
+# gpu-results.md §33 no GPU run had serve's "ready after" line, and nothing recorded its absence
+SERVE_PREFIX = "sglang-dflash serve: "
+
+
+def serve_lines(log_text: str, keep: int = 12) -> dict:
+    """What ``sglang-dflash serve`` itself said in a server's log (first ``keep`` lines), and
+    whether it saw the server ready and froze its collectors."""
+    lines = [ln.strip() for ln in log_text.splitlines() if ln.startswith(SERVE_PREFIX)]
+    return {"lines": lines[:keep],
+            "ready": any(ln.startswith(SERVE_PREFIX + "ready after") for ln in lines),
+            "froze": any("froze SGLang's garbage collectors" in ln for ln in lines)}
 
 
 def bench_prompts_file(out: Path) -> Path:

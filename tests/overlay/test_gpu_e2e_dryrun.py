@@ -49,6 +49,11 @@ def test_full_flow_against_standin(tmp_path):
 
     none = res["serve"]["serve:none"]
     assert none["ready_seconds"] and none["serve_exit"] is not None
+    # serve's own lines: it saw the server ready (the stand-in's /health takes SGLang's second)
+    # and froze its collectors (gpu-results.md §33: no GPU run before had either)
+    lines = none["serve_lines"]
+    assert lines["ready"] is True and lines["froze"] is True, lines
+    assert any(ln.startswith("sglang-dflash serve: ready after") for ln in lines["lines"])
     assert len(none["continuations"]) == 6 and all(none["continuations_extend_greedy"])
     assert len(none["continuations"][0]) == 64 + 16 + 1
     assert none["bench"]["rc"] == 0 and none["bench"]["prompts"] == "planted"
@@ -327,3 +332,18 @@ def test_the_scripts_nodraft_variable_is_the_overlays():
 
     assert _gpu_e2e().NODRAFT_STEPS_ENV == settings.NODRAFT_STEPS_ENV
     assert _gpu_e2e().DEFAULT_NODRAFT_STEPS == settings.DEFAULT_NODRAFT_STEPS
+
+
+def test_serve_lines_say_what_serve_saw():
+    e2e = _gpu_e2e()
+    log = ("[2026-12-06 07:26:44] The server is fired up and ready to roll!\n"
+           "sglang-dflash serve: froze SGLang's garbage collectors after its warm-up "
+           "(freezeGc; POST /freeze_gc)\n"
+           "sglang-dflash serve: ready after 61.2s: serving m (ddtree) on 127.0.0.1:30000\n"
+           "INFO: GET /health 200\n")
+    got = e2e.serve_lines(log)
+    assert got["ready"] and got["froze"] and len(got["lines"]) == 2
+    # §33's logs: only the stop line (serve never saw the server ready)
+    old = e2e.serve_lines("sglang-dflash serve: SGLang ended its shutdown with SIGKILL (as "
+                          "0.5.17 does after SIGTERM); treating the stop as clean\n")
+    assert old["ready"] is False and old["froze"] is False and len(old["lines"]) == 1
