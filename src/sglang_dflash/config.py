@@ -342,8 +342,14 @@ def _flag_of(arg: str) -> str:
 
 
 # the SGLang flags naming an attention backend a DDTree round plans with
-ATTENTION_FLAGS = tuple(f"--{a.replace('_', '-')}"
-                        for a in _overlay_settings.ATTENTION_BACKEND_ARGS)
+def _flag(arg: str) -> str:
+    """The launch flag of a server_args field (``attention_backend`` -> ``--attention-backend``)."""
+    return f"--{arg.replace('_', '-')}"
+
+
+TARGET_ATTENTION_FLAGS = tuple(map(_flag, _overlay_settings.TARGET_ATTENTION_ARGS))
+DRAFT_ATTENTION_FLAG = _flag(_overlay_settings.DRAFT_ATTENTION_ARG)
+ATTENTION_FLAGS = (*TARGET_ATTENTION_FLAGS, DRAFT_ATTENTION_FLAG)
 
 
 def _flag_values(cfg: InstanceConfig, flags) -> set[str]:
@@ -367,8 +373,8 @@ def draft_attention_is_flashinfer(cfg: InstanceConfig) -> bool:
     """Whether the drafter's forwards run FlashInfer attention (``settings.draft_is_flashinfer``
     over the target's flags and the drafter's own, typed option or extraArgs)."""
     draft = cfg.draft_attention_backend or next(iter(sorted(_flag_values(
-        cfg, ATTENTION_FLAGS[3:]))), None)
-    target = {cfg.attention_backend} | _flag_values(cfg, ATTENTION_FLAGS[:3])
+        cfg, (DRAFT_ATTENTION_FLAG,)))), None)
+    target = {cfg.attention_backend} | _flag_values(cfg, TARGET_ATTENTION_FLAGS)
     return _overlay_settings.draft_is_flashinfer({b for b in target if b}, draft)
 
 

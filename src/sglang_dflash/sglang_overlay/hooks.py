@@ -82,9 +82,9 @@ def handle_dflash(original, server_args):
     # and a bad switch (no-draft steps, split verify, fast plan, host lengths) or the bound with
     # FlashInfer: the worker's rules, here from the flags, before SGLang starts anything
     backends = {getattr(server_args, a, None) for a in settings.ATTENTION_BACKEND_ARGS}
-    target = {getattr(server_args, a, None) for a in settings.ATTENTION_BACKEND_ARGS[:3]}
+    target = {getattr(server_args, a, None) for a in settings.TARGET_ATTENTION_ARGS}
     settings.check_switches(os.environ, "flashinfer" in backends, settings.draft_is_flashinfer(
-        target, getattr(server_args, "speculative_draft_attention_backend", None)))
+        target, getattr(server_args, settings.DRAFT_ATTENTION_ARG, None)))
     plant_path = os.environ.get(settings.PLANT_ENV, "").strip()
     if plant_path:
         from sglang_dflash.sglang_overlay.diagnostics.plant import load_plant

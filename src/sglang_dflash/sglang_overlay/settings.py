@@ -231,8 +231,10 @@ def flashinfer_bound_refusal(draft_flashinfer: bool | None, fast_plan: str,
 # 0.5.17): the launcher reads them from server_args, the instance config as their flags
 # (``--attention-backend`` ...), the live check from /server_info, which lists server_args by
 # these names.
-ATTENTION_BACKEND_ARGS = ("attention_backend", "prefill_attention_backend",
-                          "decode_attention_backend", "speculative_draft_attention_backend")
+TARGET_ATTENTION_ARGS = ("attention_backend", "prefill_attention_backend",
+                         "decode_attention_backend")
+DRAFT_ATTENTION_ARG = "speculative_draft_attention_backend"  # unset: the target's (above)
+ATTENTION_BACKEND_ARGS = (*TARGET_ATTENTION_ARGS, DRAFT_ATTENTION_ARG)
 
 
 # where SGLang's composite backends keep the ones they dispatch to (HybridAttnBackend: a prefill
