@@ -28,7 +28,10 @@ FlashInfer default), ``+split`` (a FlashInfer DDTree mode's split verify,
 one Triton launch; off by default, to be judged by the tie margin on real weights), ``+pad``
 (a FlashInfer DDTree mode's padded verify: ``SGLANG_DFLASH_DDTREE_HOST_LENS=bound`` with the
 drafter's attention on Triton, the verify's kv lengths padded to the bound and the slots past
-the tree masked; off by default, to be judged by the tie margin and timed against ``sync``).
+the tree masked; off by default, to be judged by the tie margin and timed against ``sync``),
+``+draft-triton`` (a speculative mode's drafter on Triton attention, the target on the mode's
+backend: ``+pad``'s drafter without the padding, so a profile prices the two apart and DFLASH
+is timed with the drafter ``+pad`` uses).
 
 Per mode: ready time, ``check --url``, the first ``--greedy-prompts`` held-out prompts one at a
 time (output ids, SGLang's per-request spec_accept_length / verify_ct / histogram), the same
@@ -74,10 +77,12 @@ STEPS_MODIFIER = re.compile(r"k([0-9]+)")
 SPLIT_MODIFIER = "split"
 # ``+pad``: a FlashInfer DDTree mode's padded verify (the bound, the drafter on Triton)
 PAD_MODIFIER = "pad"
+# ``+draft-triton``: a speculative mode's drafter attention on Triton (what ``+pad`` implies)
+DRAFT_TRITON_MODIFIER = "draft-triton"
 FLASHINFER_ONLY = (SPLIT_MODIFIER, PAD_MODIFIER)
 MODIFIER_NAMES = (*("+" + k for k in MODIFIERS), "+" + TREE_MODIFIER,
                   *("+" + k for k in HOST_LENS_MODIFIERS), "+k<K>",
-                  *("+" + k for k in FLASHINFER_ONLY))
+                  *("+" + k for k in FLASHINFER_ONLY), "+" + DRAFT_TRITON_MODIFIER)
 
 
 def _modifier_env(mod: str, head: str, mode: str) -> dict[str, str]:
@@ -88,6 +93,11 @@ def _modifier_env(mod: str, head: str, mode: str) -> dict[str, str]:
     if mod == TREE_MODIFIER:
         if not head.startswith("adaptive:"):
             raise ValueError(f"+{mod} needs an adaptive mode (adaptive:<N>), not {head!r}")
+        return {}
+    if mod == DRAFT_TRITON_MODIFIER:
+        if not head.startswith(("dflash", "ddtree:", "adaptive:")):
+            raise ValueError(f"+{mod} needs a speculative mode (dflash, ddtree:<N>, "
+                             f"adaptive:<N>), not {head!r}")
         return {}
     hit = STEPS_MODIFIER.fullmatch(mod)
     if hit is None and mod not in (*HOST_LENS_MODIFIERS, *FLASHINFER_ONLY):
@@ -171,7 +181,8 @@ def pair_config(pair: Path, name: str, mode: str, backend: str, *,
     if dummy:
         cfg |= {"loadFormat": "dummy", "skipTokenizerInit": True}
     if algorithm != "none":
-        draft_backend = "triton" if PAD_MODIFIER in split_modifiers(mode)[1] else backend
+        on_triton = {PAD_MODIFIER, DRAFT_TRITON_MODIFIER} & set(split_modifiers(mode)[1])
+        draft_backend = "triton" if on_triton else backend
         cfg |= {"draftModel": str(pair / "draft"), "draftAttentionBackend": draft_backend}
         if dummy:
             cfg["draftLoadFormat"] = "dummy"
@@ -186,16 +197,32 @@ def pair_config(pair: Path, name: str, mode: str, backend: str, *,
     return cfg
 
 
+def pair_shape_configs() -> tuple[dict, dict]:
+    """The trained pair's (target, draft) config.json, as ``real_drafter.train`` writes them
+    (its full plan; special ids 0 / 1 / 2 as its tokenizer assigns them): served with random
+    weights, its kernels (head dim 64) compile on a lease before the pair itself exists."""
+    from .checkpoint import draft_config
+    from .config import SPECIAL_TOKENS, full_plan
+    from .target import qwen3_config
+
+    plan = full_plan()
+    eos, mask, pad = (SPECIAL_TOKENS.index(t) for t in SPECIAL_TOKENS)
+    target = qwen3_config(plan.target, eos_id=eos, pad_id=pad).to_dict()
+    target["dtype"] = "bfloat16"  # what save_target writes
+    return target, draft_config(target, plan, mask)
+
+
 def write_dummy_pair(root: Path, seed: int = 0, shape: str = "8b") -> None:
     """The target/draft configs of a shape (adaptive_grid's: ``8b`` = gpu_e2e's, ``4b`` the
-    adaptive grid's) and 64 prompts of 64-496 random ids."""
+    adaptive grid's; ``pair`` the trained pair's) and 64 prompts of 64-496 random ids."""
     import random
 
     import adaptive_grid  # benchmarks/ is on PYTHONPATH
 
-    e2e.write_models(root, *adaptive_grid.shape_configs(shape))
+    configs = pair_shape_configs() if shape == "pair" else adaptive_grid.shape_configs(shape)
+    e2e.write_models(root, *configs)
     rng = random.Random(seed)
-    vocab = e2e.TARGET_CONFIG["vocab_size"]
+    vocab = configs[0]["vocab_size"]
     lines = [json.dumps({"input_ids": [rng.randrange(1000, vocab - 1000)
                                        for _ in range(rng.randint(64, 496))]})
              for _ in range(64)]
@@ -561,8 +588,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dummy", action="store_true",
                     help="random weights: --pair gets gpu_e2e's 8B-shaped Qwen3 configs and 64 "
                     "random-id prompts if it has no prompts.jsonl (round-cost profiles)")
-    ap.add_argument("--shape", choices=("8b", "4b"), default="8b",
-                    help="the --dummy pair's shape (4b = the adaptive grid's)")
+    ap.add_argument("--shape", choices=("8b", "4b", "pair"), default="8b",
+                    help="the --dummy pair's shape (4b = the adaptive grid's, pair = "
+                         "real_drafter.train's: its kernels compile before it is trained)")
     ap.add_argument("--greedy-prompts", type=int, default=8)
     ap.add_argument("--seeded-prompts", type=int, default=6)
     ap.add_argument("--requests-per-level", type=int, default=4,

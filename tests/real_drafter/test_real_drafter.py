@@ -398,3 +398,45 @@ def test_the_full_plan_fits_issue_15s_eight_minutes():
 
     p = full_plan()
     assert p.target_cap_s + p.gen_cap_s + p.draft_cap_s + p.eval_cap_s <= 8 * 60
+
+
+def test_budget_scales_the_caps_both_ways_and_never_the_steps():
+    from real_drafter.config import full_plan
+
+    plan = full_plan()
+    caps = ("target_cap_s", "gen_cap_s", "draft_cap_s", "eval_cap_s")
+    total = sum(getattr(plan, c) for c in caps)
+    for factor in (0.5, 1.5):  # a short lease, and a shared or slower GPU
+        scaled = train._scaled(plan, factor * total / 0.85)
+        for c in caps:
+            assert math.isclose(getattr(scaled, c), factor * getattr(plan, c))
+        assert (scaled.target_steps, scaled.draft_steps) == (plan.target_steps, plan.draft_steps)
+    assert train._scaled(plan, None) is plan
+    with pytest.raises(SystemExit, match="--budget-s 0"):
+        train._scaled(plan, 0)
+
+
+def test_dummy_pair_of_the_pair_shape_is_what_train_writes(tmp_path):
+    """serve_pair --dummy --shape pair: the configs real_drafter.train writes at full size (the
+    kernels a lease compiles while the pair trains), checked against the H100 lease's report."""
+    import real_drafter.serve_pair as sp
+    from real_drafter import checkpoint
+    from real_drafter.config import full_plan
+
+    sp.write_dummy_pair(tmp_path, shape="pair")
+    target = json.loads((tmp_path / "target" / "config.json").read_text())
+    draft = json.loads((tmp_path / "draft" / "config.json").read_text())
+    summary = json.loads((REPO / "docs/gpu-runs/2026-12-06-h100-g/call7-prof-train.json")
+                         .read_text())
+    trained = summary["files"]["call7-prof-train/report.json"]["plan"]["target"]
+    assert {k: target[f] for k, f in (("layers", "num_hidden_layers"), ("hidden", "hidden_size"),
+                                      ("heads", "num_attention_heads"), ("vocab", "vocab_size"),
+                                      ("kv_heads", "num_key_value_heads"),
+                                      ("head_dim", "head_dim"))} == \
+        {k: trained[k] for k in ("layers", "hidden", "heads", "vocab", "kv_heads", "head_dim")}
+    assert target["architectures"] == ["Qwen3ForCausalLM"] and target["dtype"] == "bfloat16"
+    assert draft == checkpoint.draft_config(target, full_plan(), 1)
+    assert draft["dflash_config"]["target_layer_ids"] == [1, 3, 5]
+    ids = [i for line in (tmp_path / "prompts.jsonl").read_text().splitlines()
+           for i in json.loads(line)["input_ids"]]
+    assert len(ids) > 64 and max(ids) < trained["vocab"] - 1000

@@ -362,6 +362,20 @@ def test_pad_modifier_runs_the_bound_with_the_drafter_on_triton():
         sp.parse_mode("dflash+pad")
 
 
+def test_draft_triton_modifier_moves_only_the_drafter():
+    import real_drafter.serve_pair as sp
+
+    cfg = sp.pair_config(Path("/p"), "n", "dflash+draft-triton", "flashinfer")
+    assert cfg["attentionBackend"] == "flashinfer" and cfg["draftAttentionBackend"] == "triton"
+    assert "environment" not in cfg  # no host-lengths switch: only the drafter moves
+    assert sp.mode_label("dflash+draft-triton") == "dflash+draft-triton"
+    assert sp.file_name("profile:dflash+draft-triton") == "profile-dflash-draft-triton"
+    tree = sp.pair_config(Path("/p"), "n", "ddtree:15+draft-triton", "flashinfer")
+    assert tree["draftAttentionBackend"] == "triton" and "environment" not in tree
+    with pytest.raises(ValueError, match="needs a speculative mode"):
+        sp.parse_mode("none+draft-triton")
+
+
 def test_profile_with_a_step_count_starts_its_server_with_it(pair, tmp_path):
     from sglang_dflash.sglang_overlay import settings
 
