@@ -757,18 +757,21 @@ class Grid:
     @contextlib.contextmanager
     def server(self, name: str, cfg: dict):
         """gpu_e2e.running_server, recorded in results.json however it ends. An interrupt
-        (KeyboardInterrupt: SIGINT, or SIGTERM through main's handler) stops the server: in
-        the body, running_server's finally does; while it waits for ready, outside its
-        try, so the serve process is found by its config path and stopped here."""
+        (KeyboardInterrupt: SIGINT, or SIGTERM through main's handler) stops the server:
+        running_server does, in its body and while it waits for ready; the serve process is
+        also looked for by its config path and stopped here, in case it outlived that."""
         cfg_path = self.opts.out / f"config-{name}.json"
         self.command(e2e.cli(["serve", "--config", str(cfg_path), "--poll-interval", "0.5"]))
         index = self.run["servers_started"]
         self.run["servers_started"] += 1
-        cm = e2e.running_server(self.opts, cfg, name)
+        started: dict = {}
+        cm = e2e.running_server(self.opts, cfg, name, started)
         try:
             url, rec = cm.__enter__()
         except BaseException:
-            code = stop_children(cfg_path)
+            code = stop_children(cfg_path)  # running_server stops it first; this makes sure
+            if code is None:
+                code = started.get("serve_exit")
             self.record_server(name, {"config": cfg, "ready_seconds": None,
                                       "start_index": index, "interrupted": True,
                                       "serve_exit": code})

@@ -258,7 +258,9 @@ def generate(url: str, ids: list[int], n: int) -> dict:
 
 def stop_group(proc: subprocess.Popen, timeout: float) -> int:
     """SIGTERM a child started with ``start_new_session`` and its whole group, SIGKILL after
-    ``timeout`` s; its exit status."""
+    ``timeout`` s; its exit status. Interrupted while it waits (the caller's own time limit),
+    it kills the group before the interrupt goes on: a server in its own session outlives a
+    killed caller, and the device tool does not end it (gpu-results.md §34)."""
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -266,7 +268,88 @@ def stop_group(proc: subprocess.Popen, timeout: float) -> int:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            raise
     return proc.returncode
+
+
+# Which process group serves which port, one file per port (the group id and the id of the
+# process that started it): a server whose starter was killed (SIGKILL after a call's limit,
+# before stop_group ran) keeps running in its own session; the next start on that port stops it
+# first. A group whose starter still runs is another live run's, and is left alone. §34: a
+# seeded server left by one call bound 127.0.0.1:30000 under the next call's server, whose
+# start then "answered".
+REGISTRY_ENV = "SGLANG_DFLASH_E2E_REGISTRY"
+
+
+def registry_dir(env: dict | None = None) -> Path:
+    env = os.environ if env is None else env
+    import tempfile
+
+    return Path(env.get(REGISTRY_ENV) or Path(tempfile.gettempdir()) / "sglang-dflash-e2e")
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def note_server(registry: Path, port: int, pgid: int) -> None:
+    registry.mkdir(parents=True, exist_ok=True)
+    (registry / str(port)).write_text(f"{pgid} {os.getpid()}\n")
+
+
+def _noted(path: Path) -> tuple[int, int]:
+    pgid, starter = (int(x) for x in path.read_text().split())
+    return pgid, starter
+
+
+def forget_server(registry: Path, port: int, pgid: int) -> None:
+    path = registry / str(port)
+    with contextlib.suppress(OSError, ValueError):
+        if _noted(path)[0] == pgid:
+            path.unlink()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_stale(registry: Path, port: int, wait_s: float = 15.0) -> int | None:
+    """SIGKILL the process group an earlier run left serving ``port`` when the process that
+    started it is gone (its id; None when there was none, it had ended, or its starter still
+    runs: a live run's server is not ours to stop)."""
+    path = registry / str(port)
+    try:
+        pgid, starter = _noted(path)
+    except (OSError, ValueError):
+        return None
+    if starter != os.getpid() and _pid_alive(starter):
+        return None
+    reaped = None
+    if pgid > 1 and pgid != os.getpgrp() and _group_alive(pgid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        t0 = time.monotonic()
+        while _group_alive(pgid) and time.monotonic() - t0 < wait_s:
+            time.sleep(0.2)
+        reaped = pgid
+    with contextlib.suppress(OSError):
+        path.unlink()
+    return reaped
 
 
 def _answers(url: str) -> bool:
@@ -304,8 +387,10 @@ def wait_port_free(port: int, limit_s: float = PORT_FREE_WAIT_S,
 
 
 @contextlib.contextmanager
-def running_server(opts: Opts, cfg: dict, name: str):
+def running_server(opts: Opts, cfg: dict, name: str, record: dict | None = None):
     """Start ``sglang-dflash serve`` for cfg, wait for /health; yield (url, record); stop it.
+    ``record``: the dict to fill (the caller's, so a start cut off by an interrupt, which stops
+    the server before the interrupt goes on, still leaves its ``serve_exit`` there).
 
     Ready means *this* child answers: a port that already answers before the start (a stale
     server of an interrupted run) is refused, and a child that has exited is never ready even
@@ -314,12 +399,17 @@ def running_server(opts: Opts, cfg: dict, name: str):
     cfg_path = opts.out / f"config-{name}.json"
     cfg_path.write_text(json.dumps(cfg, indent=1))
     log_path = opts.out / f"serve-{name}.log"
-    url = f"http://127.0.0.1:{cfg.get('port', PORT)}"
-    waited = None if _answers(url) else wait_port_free(int(cfg.get("port", PORT)))
+    port = int(cfg.get("port", PORT))
+    url = f"http://127.0.0.1:{port}"
+    registry = registry_dir(opts.env)
+    reaped = reap_stale(registry, port)
+    waited = None if _answers(url) else wait_port_free(port)
     if waited is None:
         rec = {"config": cfg, "ready_seconds": None,
                "error": f"port busy: something already answers or listens on {url} before the "
                         f"start (a stale server?) after {PORT_FREE_WAIT_S:.0f} s; not started"}
+        if reaped:
+            rec["reaped_stale_group"] = reaped
         yield url, rec
         return
     log = open(log_path, "w")  # noqa: SIM115 - closed in finally
@@ -327,24 +417,38 @@ def running_server(opts: Opts, cfg: dict, name: str):
     proc = subprocess.Popen(cli(["serve", "--config", str(cfg_path), "--poll-interval", "0.5"]),
                             env=opts.env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
-    rec: dict = {"config": cfg, "ready_seconds": None, "pid": proc.pid}
+    note_server(registry, port, proc.pid)
+    rec = {} if record is None else record
+    rec.update(config=cfg, ready_seconds=None, pid=proc.pid)
+    if reaped:
+        rec["reaped_stale_group"] = reaped
     if waited:
         rec["waited_for_port_s"] = waited
     limit = min(cfg["startTimeout"] + 10, max(opts.clock.left() - 20, 30))
-    while time.monotonic() - t0 < limit:
-        if proc.poll() is not None:
-            rec["serve_exit_before_ready"] = proc.returncode
-            break
-        if _answers(url) and proc.poll() is None:
-            rec["ready_seconds"] = round(time.monotonic() - t0, 1)
-            break
-        time.sleep(0.5)
+    try:
+        while time.monotonic() - t0 < limit:
+            if proc.poll() is not None:
+                rec["serve_exit_before_ready"] = proc.returncode
+                break
+            # ready = serve itself said so (it checks that the server answering is its own
+            # child) and the port answers now; the port alone was fooled in §34
+            if (serve_said_ready(log_path) and _answers(url)) and proc.poll() is None:
+                rec["ready_seconds"] = round(time.monotonic() - t0, 1)
+                break
+            time.sleep(0.5)
+    except BaseException:
+        rec["interrupted"] = True
+        rec["serve_exit"] = stop_group(proc, timeout=10)
+        forget_server(registry, port, proc.pid)
+        log.close()
+        raise
     try:
         yield url, rec
     except Exception as exc:  # recorded, never fatal: the next step still runs
         rec["error"] = f"{type(exc).__name__}: {exc}"
     finally:
         rec["serve_exit"] = stop_group(proc, timeout=40)
+        forget_server(registry, port, proc.pid)
         log.close()
         text = log_path.read_text(errors="replace")
         rec["log_tail"] = text[-6000:]
@@ -354,6 +458,15 @@ def running_server(opts: Opts, cfg: dict, name: str):
 # serve's own journal lines (readiness, the collectors' freeze, the child's fate): until
 # gpu-results.md §33 no GPU run had serve's "ready after" line, and nothing recorded its absence
 SERVE_PREFIX = "sglang-dflash serve: "
+
+
+def serve_said_ready(log_path: Path) -> bool:
+    """Whether ``sglang-dflash serve`` has written its "ready after" line to ``log_path``."""
+    try:
+        text = log_path.read_text(errors="replace")
+    except OSError:
+        return False
+    return any(ln.startswith(SERVE_PREFIX + "ready after") for ln in text.splitlines())
 
 
 def serve_lines(log_text: str, keep: int = 12) -> dict:

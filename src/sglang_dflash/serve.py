@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from sglang_dflash import sdnotify
+from sglang_dflash import portowner, sdnotify
 from sglang_dflash.apikey import read_api_key
 from sglang_dflash.bench.client import Endpoint, health
 from sglang_dflash.bench.client import freeze_gc as post_freeze_gc
@@ -190,6 +190,7 @@ class Supervisor:
         self.signalled: int | None = None
         self.signalled_at = 0.0
         self.killed = False  # serve itself SIGKILLed the child (grace ran out)
+        self.foreign_said = False  # told once that another process answers on the port
         self.proc = subprocess.Popen(
             argv,
             env=env,
@@ -216,7 +217,7 @@ class Supervisor:
                 return False
             if self.signalled is None:
                 status = probe_health(self.cfg.host, self.cfg.port, HEALTH_PROBE_TIMEOUT_S)
-                if status == 200:
+                if status == 200 and self.answered_by_child():
                     return True
             elif time.monotonic() - self.signalled_at > self.grace:
                 return None
@@ -227,6 +228,19 @@ class Supervisor:
                 return None
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=min(interval, remaining))
+
+    def answered_by_child(self) -> bool:
+        """Whether the socket that answered is the child's (or /proc cannot tell): a server
+        that bound the port after our start-up check must not pass for ours (§34)."""
+        verdict = portowner.listener(self.cfg.port, self.proc.pid)
+        if verdict.ours is not False:
+            return True
+        if not self.foreign_said:
+            who = ", ".join(f"pid {p}" for p in verdict.others) or "another process"
+            _err(f"{self.cfg.host}:{self.cfg.port} answers /health from {who}, not this "
+                 "instance's SGLang (a stale server on the port?); waiting for ours")
+            self.foreign_said = True
+        return False
 
     def wait_exit(self) -> int:
         """Wait for the child; once a signal was forwarded, kill it after the grace period."""

@@ -8,6 +8,7 @@ next step still run, the time budget. `check` and `break` need a real SGLang sit
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -347,3 +348,96 @@ def test_serve_lines_say_what_serve_saw():
     old = e2e.serve_lines("sglang-dflash serve: SGLang ended its shutdown with SIGKILL (as "
                           "0.5.17 does after SIGTERM); treating the stop as clean\n")
     assert old["ready"] is False and old["froze"] is False and len(old["lines"]) == 1
+
+
+def _answers(port: int) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def test_a_server_left_by_a_killed_run_is_stopped_by_the_next_start(tmp_path):
+    """gpu-results.md §34: a call killed at its limit left its server running (its own session:
+    the device tool does not end it); it bound the port under the next call's server, which
+    then 'answered'. Now the next start on that port stops the group the killed run noted."""
+    import signal
+    import time
+
+    e2e = _gpu_e2e()
+    registry = tmp_path / "registry"
+    env = dict(os.environ, STANDIN_TOKEN_DELAY="0.05", **{e2e.REGISTRY_ENV: str(registry)})
+    first = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path / "o1"), "--models",
+         str(tmp_path / "models"), "--site", SITE, "--no-bench", "serve:none"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    note = registry / str(e2e.PORT)
+    pgid = None
+    try:
+        deadline = time.monotonic() + 120
+        while not (note.exists() and _answers(e2e.PORT)):
+            assert first.poll() is None and time.monotonic() < deadline, "first run ended early"
+            time.sleep(0.2)
+        pgid, starter = (int(x) for x in note.read_text().split())
+        assert starter == first.pid
+        first.send_signal(signal.SIGKILL)  # the caller dies; its server does not
+        first.wait(timeout=30)
+        time.sleep(0.5)
+        assert _answers(e2e.PORT), "the killed run's server should still be serving"
+        _, res = _run(tmp_path, "--no-bench", "serve:none")  # no registry env: must not reap
+        assert "port busy" in res["serve"]["serve:none"]["error"]
+        env2 = dict(os.environ, STANDIN_TOKEN_DELAY="0", **{e2e.REGISTRY_ENV: str(registry)})
+        second = subprocess.run(
+            [sys.executable, str(SCRIPT), "--out", str(tmp_path / "o2"), "--models",
+             str(tmp_path / "models"), "--site", SITE, "--no-bench", "serve:none"],
+            env=env2, capture_output=True, text=True, timeout=240)
+        assert second.returncode == 0, second.stderr[-3000:]
+        rec = json.loads((tmp_path / "o2" / "results.json").read_text())["serve"]["serve:none"]
+        assert rec["reaped_stale_group"] == pgid and rec["ready_seconds"], rec
+        assert rec["serve_lines"]["ready"] is True
+        with pytest.raises(ProcessLookupError):
+            os.killpg(pgid, 0)
+        assert not note.exists()  # the second run's own entry is gone with its server
+    finally:
+        if first.poll() is None:
+            first.kill()
+        if pgid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, 9)
+
+
+def test_ready_is_what_serve_said(tmp_path):
+    e2e = _gpu_e2e()
+    log = tmp_path / "serve.log"
+    assert e2e.serve_said_ready(log) is False  # no log yet
+    log.write_text("[x] The server is fired up and ready to roll!\n")
+    assert e2e.serve_said_ready(log) is False  # SGLang's line is not serve's
+    log.write_text(log.read_text() + "sglang-dflash serve: ready after 3.1s: serving m\n")
+    assert e2e.serve_said_ready(log) is True
+
+
+def test_a_live_runs_server_is_not_reaped(tmp_path):
+    """The registry names the starter: a group whose starter still runs (another run on this
+    machine) is left alone; once the starter is gone it is stopped."""
+    e2e = _gpu_e2e()
+    registry = tmp_path / "registry"
+    starter = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    group = subprocess.Popen(["sleep", "120"], start_new_session=True)
+    try:
+        registry.mkdir()
+        (registry / "31999").write_text(f"{group.pid} {starter.pid}\n")
+        assert e2e.reap_stale(registry, 31999) is None and group.poll() is None
+        assert (registry / "31999").exists()
+        starter.kill()
+        starter.wait()
+        assert e2e.reap_stale(registry, 31999) == group.pid
+        assert group.wait(timeout=10) == -9 and not (registry / "31999").exists()
+        (registry / "31999").write_text(f"{group.pid} {starter.pid}\n")  # both gone now
+        assert e2e.reap_stale(registry, 31999) is None and not (registry / "31999").exists()
+    finally:
+        for p in (starter, group):
+            if p.poll() is None:
+                p.kill()
