@@ -266,13 +266,26 @@ def stop_group(proc: subprocess.Popen, timeout: float) -> int:
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc.pid)
             proc.wait()
         except BaseException:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc.pid)
             raise
     return proc.returncode
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid``'s group and every descendant: serve starts SGLang in a group of its own,
+    and a serve killed outright only SIGTERMs it (PDEATHSIG), which an SGLang stuck in its
+    graceful exit ignores (§34: "Gracefully exiting... Remaining number of requests 1")."""
+    from sglang_dflash.portowner import process_tree
+
+    tree = process_tree(pid)  # before serve dies: its children are then reparented
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    for other in tree - {pid}:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(other, signal.SIGKILL)
 
 
 # Which process group serves which port, one file per port (the group id and the id of the
@@ -291,9 +304,10 @@ def registry_dir(env: dict | None = None) -> Path:
     return Path(env.get(REGISTRY_ENV) or Path(tempfile.gettempdir()) / "sglang-dflash-e2e")
 
 
-def _group_alive(pgid: int) -> bool:
+def _alive(ident: int, probe=os.kill) -> bool:
+    """Whether a process (``probe=os.killpg``: a process group) exists."""
     try:
-        os.killpg(pgid, 0)
+        probe(ident, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
@@ -318,16 +332,6 @@ def forget_server(registry: Path, port: int, pgid: int) -> None:
             path.unlink()
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def reap_stale(registry: Path, port: int, wait_s: float = 15.0) -> int | None:
     """SIGKILL the process group an earlier run left serving ``port`` when the process that
     started it is gone (its id; None when there was none, it had ended, or its starter still
@@ -337,14 +341,13 @@ def reap_stale(registry: Path, port: int, wait_s: float = 15.0) -> int | None:
         pgid, starter = _noted(path)
     except (OSError, ValueError):
         return None
-    if starter != os.getpid() and _pid_alive(starter):
+    if starter != os.getpid() and _alive(starter):
         return None
     reaped = None
-    if pgid > 1 and pgid != os.getpgrp() and _group_alive(pgid):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
+    if pgid > 1 and pgid != os.getpgrp() and _alive(pgid, os.killpg):
+        kill_tree(pgid)  # serve's pid is its group's id
         t0 = time.monotonic()
-        while _group_alive(pgid) and time.monotonic() - t0 < wait_s:
+        while _alive(pgid, os.killpg) and time.monotonic() - t0 < wait_s:
             time.sleep(0.2)
         reaped = pgid
     with contextlib.suppress(OSError):
@@ -360,6 +363,9 @@ def _answers(url: str) -> bool:
         return False
 
 
+# SIGTERM to SIGKILL when the caller is being interrupted: under the `-k 15` its callers give
+# `timeout` (gpu_pair_call.sh), so the group is gone before the caller is killed (§34)
+INTERRUPT_STOP_S = 8.0
 PORT_FREE_WAIT_S = 60.0  # a stale server of a killed call still shutting down (2026-12-05 §29)
 
 
@@ -438,7 +444,7 @@ def running_server(opts: Opts, cfg: dict, name: str, record: dict | None = None)
             time.sleep(0.5)
     except BaseException:
         rec["interrupted"] = True
-        rec["serve_exit"] = stop_group(proc, timeout=10)
+        rec["serve_exit"] = stop_group(proc, timeout=INTERRUPT_STOP_S)
         forget_server(registry, port, proc.pid)
         log.close()
         raise
@@ -447,7 +453,9 @@ def running_server(opts: Opts, cfg: dict, name: str, record: dict | None = None)
     except Exception as exc:  # recorded, never fatal: the next step still runs
         rec["error"] = f"{type(exc).__name__}: {exc}"
     finally:
-        rec["serve_exit"] = stop_group(proc, timeout=40)
+        # interrupted (a caller's limit: `timeout -s INT -k 15`), stop within the kill margin
+        interrupted = not isinstance(sys.exc_info()[1], (Exception, type(None)))
+        rec["serve_exit"] = stop_group(proc, timeout=INTERRUPT_STOP_S if interrupted else 40)
         forget_server(registry, port, proc.pid)
         log.close()
         text = log_path.read_text(errors="replace")

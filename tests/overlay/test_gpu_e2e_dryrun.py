@@ -441,3 +441,54 @@ def test_a_live_runs_server_is_not_reaped(tmp_path):
         for p in (starter, group):
             if p.poll() is None:
                 p.kill()
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a killed orphan waits for init to reap it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_an_interrupted_run_leaves_no_server_even_one_stuck_in_its_exit(tmp_path):
+    """SIGINT to the harness while it benches (a call's `timeout -s INT`): the server is gone
+    before `timeout`'s SIGKILL margin (15 s) even when SGLang ignores SIGTERM, stuck in its
+    graceful exit; serve alone would only SIGTERM it (PDEATHSIG) and leave it serving."""
+    import signal
+    import time
+
+    e2e = _gpu_e2e()
+    env = dict(os.environ, STANDIN_TOKEN_DELAY="0.05", STANDIN_STUCK_ON_TERM="1",
+               **{e2e.REGISTRY_ENV: str(tmp_path / "registry")})
+    run = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path / "o"), "--models",
+         str(tmp_path / "models"), "--site", SITE, "--no-bench", "serve:none"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    note = tmp_path / "registry" / str(e2e.PORT)
+    tree: set[int] = set()
+    try:
+        deadline = time.monotonic() + 120
+        while not (note.exists() and _answers(e2e.PORT)):
+            assert run.poll() is None and time.monotonic() < deadline, "run ended early"
+            time.sleep(0.2)
+        from sglang_dflash.portowner import process_tree
+        tree = process_tree(int(note.read_text().split()[0]))
+        assert len(tree) >= 2  # serve and the stand-in, each in its own group
+        t0 = time.monotonic()
+        run.send_signal(signal.SIGINT)
+        run.wait(timeout=60)
+        assert time.monotonic() - t0 < 15, "stopping took past timeout's kill margin"
+        time.sleep(0.5)
+        assert not _answers(e2e.PORT)
+        deadline = time.monotonic() + 5
+        while [pid for pid in tree if _running(pid)] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in tree if _running(pid)]
+    finally:
+        if run.poll() is None:
+            run.kill()
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)

@@ -306,7 +306,16 @@ def make_handler(state: State):
 
 
 def on_term(*_) -> None:
-    """Exit on SIGTERM; STANDIN_SELFKILL_ON_TERM=1 ends like SGLang 0.5.17's kill_process_tree."""
+    """Exit on SIGTERM; STANDIN_SELFKILL_ON_TERM=1 ends like SGLang 0.5.17's kill_process_tree;
+    STANDIN_STUCK_ON_TERM=1 never ends, as an SGLang waiting on a request it will not finish
+    (gpu-results.md §34: "Gracefully exiting... Remaining number of requests 1" every 5 s)."""
+    if os.environ.get("STANDIN_STUCK_ON_TERM") == "1":
+        try:  # as SGLang's logging does, a closed stderr (serve gone) is no reason to stop
+            print("[stand-in sglang] Gracefully exiting... Remaining number of requests 1.",
+                  file=sys.stderr, flush=True)
+        except OSError:
+            sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the rest of the process
+        return
     if os.environ.get("STANDIN_SELFKILL_ON_TERM") == "1":
         print("[stand-in sglang] Gracefully exiting... Remaining number of requests 0.",
               file=sys.stderr, flush=True)
