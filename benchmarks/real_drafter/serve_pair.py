@@ -62,6 +62,9 @@ LEVELS = (1, 8, 32)
 NEW_TOKENS = 256
 POLICY_LOG = "DDTree adaptive policy: "
 DETERMINISTIC = "--enable-deterministic-inference"
+# a seeded mode starts two servers (no speculation, then the mode): it needs --step-min-s for
+# each, or a call's limit stops it half-started (gpu-results.md §34, call C)
+SEEDED_SERVERS = 2
 
 
 # ``<mode>+<modifier>``: server flags a mode can add (each also named in the mode's label).
@@ -699,8 +702,10 @@ def main(argv=None) -> int:
         try:
             group = base.partition(":")[0] if base.startswith(("seeded:", "profile:")) \
                 else "serve"
-            if left < opts.step_min_s:
-                results[group][m] = {"skipped": f"time budget: {left:.0f}s left"}
+            need = opts.step_min_s * (SEEDED_SERVERS if group == "seeded" else 1)
+            if left < need:
+                results[group][m] = {"skipped": f"time budget: {left:.0f}s left, "
+                                                f"{need:.0f}s needed"}
             elif group == "profile":
                 results["profile"][m] = profile_mode(opts, args.pair,
                                                      base.removeprefix("profile:"), backend,

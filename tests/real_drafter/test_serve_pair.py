@@ -495,6 +495,20 @@ def test_step_min_s_skips_what_the_budget_cannot_start(pair, tmp_path):
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--step-min-s" in bad.stderr
 
 
+def test_a_seeded_mode_needs_the_step_budget_for_each_of_its_two_servers(pair, tmp_path):
+    """§34: a seeded mode started with one step's budget left was stopped half-started by the
+    call's limit. With 90 s and 50 s a step, the seeded mode (2 servers) is skipped, saying
+    why, and the plain mode after it still runs."""
+    out = tmp_path / "out"
+    r = _run(pair, out, "--time-budget-s", "90", "--step-min-s", "50", "seeded:ddtree:16",
+             "none")
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads((out / "results.json").read_text())
+    skipped = res["seeded"]["seeded:ddtree:16"]["skipped"]
+    assert skipped.startswith("time budget:") and skipped.endswith("100s needed"), skipped
+    assert res["serve"]["none"]["ready_seconds"]
+
+
 def test_skip_done_broken_file_one_line(pair, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
