@@ -54,6 +54,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import gpu_e2e as e2e  # scripts/ is not a package
 
+from sglang_dflash import portowner
 from sglang_dflash.sglang_overlay import policy as overlay_policy
 from sglang_dflash.sglang_overlay import settings as overlay_settings
 
@@ -1126,16 +1127,15 @@ def stop_children(cfg_path: Path, timeout: float = 40.0) -> int | None:
     started with start_new_session, so its group is its own): SIGTERM to the group, SIGKILL
     after ``timeout`` s. The exit status of the last one; None when there was none."""
     me, want, pids = os.getpid(), str(cfg_path).encode(), []
-    for d in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
-        if not d.name.isdigit():
+    for pid in portowner.pids():
+        if portowner.parent_pid(pid) != me:
             continue
         try:
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            argv = (d / "cmdline").read_bytes().split(b"\0")
-        except (OSError, ValueError, IndexError):
+            argv = (portowner.PROC / str(pid) / "cmdline").read_bytes().split(b"\0")
+        except OSError:
             continue
-        if ppid == me and want in argv:
-            pids.append(int(d.name))
+        if want in argv:
+            pids.append(pid)
     code = None
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):

@@ -58,6 +58,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -299,8 +300,6 @@ REGISTRY_ENV = "SGLANG_DFLASH_E2E_REGISTRY"
 
 def registry_dir(env: dict | None = None) -> Path:
     env = os.environ if env is None else env
-    import tempfile
-
     return Path(env.get(REGISTRY_ENV) or Path(tempfile.gettempdir()) / "sglang-dflash-e2e")
 
 
@@ -431,6 +430,7 @@ def running_server(opts: Opts, cfg: dict, name: str, record: dict | None = None)
     if waited:
         rec["waited_for_port_s"] = waited
     limit = min(cfg["startTimeout"] + 10, max(opts.clock.left() - 20, 30))
+    yielded = False
     try:
         while time.monotonic() - t0 < limit:
             if proc.poll() is not None:
@@ -442,19 +442,17 @@ def running_server(opts: Opts, cfg: dict, name: str, record: dict | None = None)
                 rec["ready_seconds"] = round(time.monotonic() - t0, 1)
                 break
             time.sleep(0.5)
-    except BaseException:
-        rec["interrupted"] = True
-        rec["serve_exit"] = stop_group(proc, timeout=INTERRUPT_STOP_S)
-        forget_server(registry, port, proc.pid)
-        log.close()
-        raise
-    try:
-        yield url, rec
-    except Exception as exc:  # recorded, never fatal: the next step still runs
-        rec["error"] = f"{type(exc).__name__}: {exc}"
+        yielded = True
+        try:
+            yield url, rec
+        except Exception as exc:  # recorded, never fatal: the next step still runs
+            rec["error"] = f"{type(exc).__name__}: {exc}"
     finally:
         # interrupted (a caller's limit: `timeout -s INT -k 15`), stop within the kill margin
-        interrupted = not isinstance(sys.exc_info()[1], (Exception, type(None)))
+        exc = sys.exc_info()[1]
+        interrupted = exc is not None and not isinstance(exc, (Exception, GeneratorExit))
+        if interrupted and not yielded:
+            rec["interrupted"] = True  # cut off while it started: the caller has no record
         rec["serve_exit"] = stop_group(proc, timeout=INTERRUPT_STOP_S if interrupted else 40)
         forget_server(registry, port, proc.pid)
         log.close()
@@ -471,10 +469,9 @@ SERVE_PREFIX = "sglang-dflash serve: "
 def serve_said_ready(log_path: Path) -> bool:
     """Whether ``sglang-dflash serve`` has written its "ready after" line to ``log_path``."""
     try:
-        text = log_path.read_text(errors="replace")
+        return serve_lines(log_path.read_text(errors="replace"))["ready"]
     except OSError:
         return False
-    return any(ln.startswith(SERVE_PREFIX + "ready after") for ln in text.splitlines())
 
 
 def serve_lines(log_text: str, keep: int = 12) -> dict:

@@ -205,11 +205,11 @@ def pair_shape_configs() -> tuple[dict, dict]:
     (its full plan; special ids 0 / 1 / 2 as its tokenizer assigns them): served with random
     weights, its kernels (head dim 64) compile on a lease before the pair itself exists."""
     from .checkpoint import draft_config
-    from .config import SPECIAL_TOKENS, full_plan
+    from .config import EOS_TOKEN, MASK_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, full_plan
     from .target import qwen3_config
 
     plan = full_plan()
-    eos, mask, pad = (SPECIAL_TOKENS.index(t) for t in SPECIAL_TOKENS)
+    eos, mask, pad = (SPECIAL_TOKENS.index(t) for t in (EOS_TOKEN, MASK_TOKEN, PAD_TOKEN))
     target = qwen3_config(plan.target, eos_id=eos, pad_id=pad).to_dict()
     target["dtype"] = "bfloat16"  # what save_target writes
     return target, draft_config(target, plan, mask)

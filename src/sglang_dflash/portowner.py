@@ -51,14 +51,16 @@ def listening_inodes(port: int, proc: Path = PROC) -> set[int] | None:
     return found if read_any else None
 
 
-def _pids(proc: Path) -> list[int]:
+def pids(proc: Path = PROC) -> list[int]:
+    """Every process id /proc lists (none where there is no /proc)."""
     try:
         return [int(d.name) for d in proc.iterdir() if d.name.isdigit()]
     except OSError:
         return []
 
 
-def _parent(pid: int, proc: Path) -> int | None:
+def parent_pid(pid: int, proc: Path = PROC) -> int | None:
+    """``pid``'s parent from /proc/<pid>/stat (the name may hold spaces and ')'), or None."""
     try:
         return int((proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, ValueError, IndexError):
@@ -68,8 +70,8 @@ def _parent(pid: int, proc: Path) -> int | None:
 def process_tree(root: int, proc: Path = PROC) -> set[int]:
     """``root`` and every descendant of it alive now."""
     children: dict[int, list[int]] = {}
-    for pid in _pids(proc):
-        parent = _parent(pid, proc)
+    for pid in pids(proc):
+        parent = parent_pid(pid, proc)
         if parent is not None:
             children.setdefault(parent, []).append(pid)
     tree, todo = {root}, [root]
@@ -105,6 +107,6 @@ def listener(port: int, root: int, proc: Path = PROC) -> Listener:
     tree = process_tree(root, proc)
     if any(holds_socket(pid, inodes, proc) for pid in sorted(tree)):
         return Listener(ours=True)
-    others = tuple(pid for pid in _pids(proc)
+    others = tuple(pid for pid in pids(proc)
                    if pid not in tree and holds_socket(pid, inodes, proc))
     return Listener(ours=False, others=others)
