@@ -547,13 +547,14 @@ def server_config(opts: Opts, name: str, mode: Mode, environment: dict | None = 
     }
     padded = mode.algorithm == "ddtree" and opts.settings.get("padded_verify")
     if mode.algorithm != "none":
-        # the padded verify (--padded-verify): the drafter on Triton, its plans off FlashInfer
+        # the padded verify (--padded-verify): the drafter off FlashInfer, the overlay's rule
+        draft_backend = overlay_settings.PADDED_VERIFY_DRAFT_BACKEND if padded else opts.backend
         cfg |= {"draftModel": str(draft), "draftLoadFormat": "dummy",
-                "draftAttentionBackend": "triton" if padded else opts.backend}
+                "draftAttentionBackend": draft_backend}
     if mode.algorithm == "ddtree":
         cfg["ddtree"] = {"budget": mode.budget, "policy": server_policy(opts, mode)}
     if padded:
-        environment = {**(environment or {}), overlay_settings.HOST_LENS_ENV: "bound"}
+        environment = {**(environment or {}), **overlay_settings.padded_verify_env()}
     if environment:
         cfg["environment"] = environment
     return cfg

@@ -110,7 +110,7 @@ def _modifier_env(mod: str, head: str, mode: str) -> dict[str, str]:
     if mod == SPLIT_MODIFIER:
         return {overlay_settings.SPLIT_VERIFY_ENV: "1"}
     if mod == PAD_MODIFIER:
-        return {overlay_settings.HOST_LENS_ENV: "bound"}
+        return overlay_settings.padded_verify_env()
     if hit is None:
         return {overlay_settings.HOST_LENS_ENV: overlay_settings.parse_host_lens(mod)}
     try:
@@ -184,8 +184,9 @@ def pair_config(pair: Path, name: str, mode: str, backend: str, *,
     if dummy:
         cfg |= {"loadFormat": "dummy", "skipTokenizerInit": True}
     if algorithm != "none":
-        on_triton = {PAD_MODIFIER, DRAFT_TRITON_MODIFIER} & set(split_modifiers(mode)[1])
-        draft_backend = "triton" if on_triton else backend
+        mods = set(split_modifiers(mode)[1])
+        draft_backend = (overlay_settings.PADDED_VERIFY_DRAFT_BACKEND if PAD_MODIFIER in mods
+                         else "triton" if DRAFT_TRITON_MODIFIER in mods else backend)
         cfg |= {"draftModel": str(pair / "draft"), "draftAttentionBackend": draft_backend}
         if dummy:
             cfg["draftLoadFormat"] = "dummy"

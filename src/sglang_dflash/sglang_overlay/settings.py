@@ -210,6 +210,19 @@ FLASHINFER_BOUND_REASON = (
     "(sync on FlashInfer) or use --attention-backend triton")
 
 
+# The padded verify's server settings (docs/ddtree.md "A padded verify"): the bound on a
+# FlashInfer target with the drafter's attention on Triton (its block forward has no mask to pad
+# with; Triton is the backend it was validated with on real weights, gpu-results.md §34). The
+# benchmarks that start such servers (serve_pair ``+pad``, adaptive_grid --padded-verify) read
+# them here, so the rule is spelled once.
+PADDED_VERIFY_DRAFT_BACKEND = "triton"
+
+
+def padded_verify_env() -> dict[str, str]:
+    """The environment a padded-verify server adds (a new dict each call)."""
+    return {HOST_LENS_ENV: "bound"}
+
+
 def flashinfer_bound_refusal(draft_flashinfer: bool | None, fast_plan: str,
                              split_verify: bool) -> str | None:
     """Why ``bound`` cannot run with a FlashInfer target (one line), or None: the padded
