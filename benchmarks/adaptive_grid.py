@@ -553,6 +553,9 @@ def server_config(opts: Opts, name: str, mode: Mode, environment: dict | None = 
                 "draftAttentionBackend": draft_backend}
     if mode.algorithm == "ddtree":
         cfg["ddtree"] = {"budget": mode.budget, "policy": server_policy(opts, mode)}
+    if mode.algorithm != "none" and "max_running_requests" in opts.settings:
+        # --max-running-requests: SGLang's DFLASH hook caps an unset one at 48 (DDTree too)
+        cfg["maxRunningRequests"] = opts.settings["max_running_requests"]
     if padded:
         environment = {**(environment or {}), **overlay_settings.padded_verify_env()}
     if environment:
@@ -1242,6 +1245,11 @@ def build_parser() -> Parser:
                     help="bench --freeze-gc at every level: the servers' garbage collectors "
                     "frozen after each level's warm-up (a grid of its own: resumes only with "
                     "the flag)")
+    ap.add_argument("--max-running-requests", type=int, metavar="N",
+                    help="the speculative servers' (dflash, ddtree-*; not none) "
+                    "maxRunningRequests: SGLang's DFLASH argument hook resets an unset one to "
+                    "48, so above c = 48 they would run fewer requests at once than none "
+                    "(default: unset; a grid of its own: resumes only with the same N)")
     ap.add_argument("--export", type=Path, metavar="DIR",
                     help="at the end, copy results.json, the grid, continuations.json and a "
                     "tarball of the rest (logs, configs, bench summaries, plant) to DIR: four "
@@ -1270,6 +1278,8 @@ def setup(args: argparse.Namespace, argv: list[str]) -> Grid:
         raise UsageError(f"--nodraft-steps: {exc}") from None
     if args.adaptive_budget < 1:
         raise UsageError("--adaptive-budget must be >= 1")
+    if args.max_running_requests is not None and args.max_running_requests < 1:
+        raise UsageError("--max-running-requests must be >= 1")
     try:  # the servers' own parser: a schedule it refuses never reaches a server
         spec = overlay_policy.parse_policy(args.adaptive_policy, args.adaptive_budget,
                                            "--adaptive-policy")
@@ -1306,6 +1316,8 @@ def setup(args: argparse.Namespace, argv: list[str]) -> Grid:
             raise UsageError("--padded-verify pads FlashInfer's tree verify to the bound: it "
                              "needs --backend flashinfer (Triton plans from the bound already)")
         settings["padded_verify"] = True
+    if args.max_running_requests is not None:  # likewise: kept only when set
+        settings["max_running_requests"] = args.max_running_requests
     earlier_results(out / "results.json", settings)  # before anything under --out changes
     opts = Opts(out=out, env=env, clock=e2e.Clock(args.time_budget_s),
                 models=e2e.write_models(out / "models", target_cfg, draft_cfg),

@@ -535,6 +535,8 @@ def test_time_budget_skips_a_server_rather_than_cutting_it(tmp_path):
     (["--adaptive-policy", "fixed"], "not an adaptive policy"),
     (["--adaptive-policy", "adaptive:auto:x"], "token cap is not an integer"),
     (["--adaptive-policy", "adaptive:1:0,7"], "no range lists the server's budget N=64"),
+    (["--max-running-requests", "0"], "--max-running-requests must be >= 1"),
+    (["--max-running-requests", "x"], "--max-running-requests: invalid int value"),
 ])
 def test_bad_flags_exit_2_with_one_line(tmp_path, flags, words):
     r = _run("--out", str(tmp_path / "o"), *flags)
@@ -918,3 +920,40 @@ def test_padded_verify_reaches_the_ddtree_servers_only_and_pins_the_out(tmp_path
            "--backend", "triton", "--padded-verify"]
     with pytest.raises(grid.UsageError, match="needs --backend flashinfer"):
         grid.setup(grid.build_parser().parse_args(tri), tri)
+
+
+def test_max_running_requests_reaches_the_speculative_servers_only_and_pins_the_out(tmp_path):
+    """--max-running-requests: SGLang's DFLASH hook resets an unset one to 48, so every
+    speculative server (dflash, ddtree-*) gets it set and none keeps SGLang's default; without
+    the flag no server has the key; a grid measured with one N resumes only with that N."""
+    from sglang_dflash.config import parse_config, render_argv
+
+    out = tmp_path / "o"
+    argv = ["--out", str(out), "--site", str(REPO / "src"), *TINY,
+            "--max-running-requests", "64"]
+    g = grid.setup(grid.build_parser().parse_args(argv), argv)
+    assert g.opts.settings["max_running_requests"] == 64
+    by_label = {m.label: m for m in g.opts.modes}
+    for label in ("dflash", "ddtree-8", "ddtree-adaptive"):
+        cfg = grid.server_config(g.opts, label, by_label[label])
+        assert cfg["maxRunningRequests"] == 64, label
+        rendered = render_argv(parse_config(cfg))  # the launcher takes it
+        assert rendered[rendered.index("--max-running-requests") + 1] == "64"
+    none = grid.server_config(g.opts, "none", by_label["none"])
+    assert "maxRunningRequests" not in none
+    assert "--max-running-requests" not in render_argv(parse_config(none))
+    g.save()
+    for resume in (["--max-running-requests", "32"], []):
+        again = ["--out", str(out), "--site", str(REPO / "src"), *TINY, *resume]
+        with pytest.raises(grid.UsageError, match=r"other settings \(max_running_requests\)"):
+            grid.setup(grid.build_parser().parse_args(again), again)
+    plain = ["--out", str(tmp_path / "p"), "--site", str(REPO / "src"), *TINY]
+    g2 = grid.setup(grid.build_parser().parse_args(plain), plain)
+    assert "max_running_requests" not in g2.opts.settings
+    for label, mode in by_label.items():
+        assert "maxRunningRequests" not in grid.server_config(g2.opts, label, mode), label
+    g2.save()  # a grid without it resumes only without it
+    again = ["--out", str(tmp_path / "p"), "--site", str(REPO / "src"), *TINY,
+             "--max-running-requests", "64"]
+    with pytest.raises(grid.UsageError, match=r"other settings \(max_running_requests\)"):
+        grid.setup(grid.build_parser().parse_args(again), again)

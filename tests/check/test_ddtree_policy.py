@@ -117,6 +117,23 @@ def test_evaluate_policy_pass_fail_skip():
     assert "SGLANG_DFLASH_DDTREE_HOST_LENS=sync" in broke_bound.fix
 
 
+def test_the_running_request_cap_is_reported() -> None:
+    """§35: SGLang caps a speculative server at 48 running requests unless told otherwise, and
+    at c = 64 that alone put the adaptive server at 0.69 x no speculation: the line says so."""
+    state = {"policy": AUTO16, "budget": 16, "slots": {"1": {"current": 0, "accept": {}}}}
+    plain = live.evaluate_ddtree_policy(_info(state), AUTO16)
+    capped = live.evaluate_ddtree_policy(_info(state) | {"max_running_requests": 48}, AUTO16)
+    assert capped.status == "PASS"
+    assert capped.found == plain.found + (
+        "; at most 48 running requests (SGLang's default for a speculative server: more wait "
+        "in its queue; maxRunningRequests lifts it)")
+    lifted = live.evaluate_ddtree_policy(_info(state) | {"max_running_requests": 64}, AUTO16)
+    assert lifted.found == plain.found + "; at most 64 running requests"
+    for odd in (None, "48", True, 4.5):
+        res = live.evaluate_ddtree_policy(_info(state) | {"max_running_requests": odd}, AUTO16)
+        assert res.found == plain.found, odd
+
+
 def test_the_bound_with_flashinfer_is_a_fail() -> None:
     """§30: a worker that planned FlashInfer from the reserved bound served wrong tokens while
     `check --url` passed; the server's own attention flags now judge the worker's report."""
@@ -179,10 +196,25 @@ def test_check_url_reports_the_running_policy(tmp_path: Path, standin_server) ->
                                  "--expect-ddtree-budget", "16", "--expect-ddtree-policy",
                                  "adaptive")
     assert rc == 0, (res, err)
-    assert res["live.ddtree_policy"]["found"] == f"policy {AUTO16} (budget 16)"
+    assert res["live.ddtree_policy"]["found"] == (
+        f"policy {AUTO16} (budget 16); at most 48 running requests (SGLang's default for a "
+        "speculative server: more wait in its queue; maxRunningRequests lifts it)")
     rc, res, _, _ = live_check(tmp_path, url, "--expect-algorithm", "ddtree",
                                "--expect-ddtree-budget", "16", "--expect-ddtree-policy", "fixed")
     assert rc == 1 and res["live.ddtree_policy"]["status"] == "FAIL"
+
+
+def test_check_url_reports_a_lifted_running_request_cap(tmp_path: Path, standin_server) -> None:
+    """A server started with --max-running-requests (maxRunningRequests) reports its own cap."""
+    url = wait_healthy(standin_server(*DFLASH, "--max-running-requests", "64",
+                                      SGLANG_DFLASH_DDTREE_BUDGET="16",
+                                      SGLANG_DFLASH_DDTREE_POLICY="adaptive"))
+    rc, res, err, _ = live_check(tmp_path, url, "--expect-algorithm", "ddtree",
+                                 "--expect-ddtree-budget", "16", "--expect-ddtree-policy",
+                                 "adaptive")
+    assert rc == 0, (res, err)
+    assert res["live.ddtree_policy"]["found"] == (
+        f"policy {AUTO16} (budget 16); at most 64 running requests")
 
 
 def test_check_config_expects_the_configs_policy(tmp_path: Path, standin_server) -> None:

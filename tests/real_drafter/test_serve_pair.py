@@ -241,6 +241,28 @@ def test_serve_pair_bad_mode_one_line(pair, tmp_path):
     assert r.stderr.strip().count("\n") == 0 and "ddtree:x" in r.stderr
 
 
+def test_serve_pair_refuses_a_mode_given_twice(pair, tmp_path):
+    """Results are keyed by the mode, logs by its base and backend: a mode given twice would
+    overwrite the first run's record and log, so it is refused before anything starts; so is
+    one given once with and once without the default @backend (the same run)."""
+    out = tmp_path / "o"
+    r = _run(pair, out, "none", "profile:ddtree:15+pad@flashinfer",
+             "profile:ddtree:15+pad@flashinfer")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "serve_pair: mode 'profile:ddtree:15+pad@flashinfer' given twice: each mode's " \
+        "record and log are keyed by its name; run it again in its own --out" in r.stderr
+    r = _run(pair, out, "ddtree:16", "dflash", "ddtree:16@triton")  # triton: the default
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "mode 'ddtree:16@triton' given twice (first as 'ddtree:16')" in r.stderr
+    assert not out.exists()
+    # another backend or another kind of step is another run: past the check (to the
+    # missing pair, before any server)
+    r = _run(tmp_path / "nothing", out, "ddtree:16", "ddtree:16@flashinfer",
+             "seeded:ddtree:16", "profile:ddtree:16")
+    assert r.returncode == 2 and "given twice" not in r.stderr
+    assert "real_drafter.train" in r.stderr
+
+
 def test_serve_pair_missing_pair(tmp_path):
     r = _run(tmp_path / "nothing", tmp_path / "o", "none")
     assert r.returncode == 2 and "real_drafter.train" in r.stderr

@@ -181,6 +181,23 @@ def flashinfer_fields(info: dict) -> list[str]:
             if info.get(k) == "flashinfer"]
 
 
+# SGLang 0.5.17's DFLASH argument hook (speculative_hook._handle_dflash) sets
+# max_running_requests to this when it is not given: beyond it requests wait, so an adaptive
+# server cannot follow no speculation above it (docs/gpu-results.md §35: 0.69 x at c = 64).
+SGLANG_SPECULATIVE_MAX_RUNNING = 48
+
+
+def describe_running_cap(info: dict) -> str:
+    """`, at most 48 running requests (...)`: the server's cap on concurrent requests, or ""."""
+    cap = info.get("max_running_requests")
+    if not isinstance(cap, int) or isinstance(cap, bool):
+        return ""
+    if cap == SGLANG_SPECULATIVE_MAX_RUNNING:
+        return (f"; at most {cap} running requests (SGLang's default for a speculative server: "
+                "more wait in its queue; maxRunningRequests lifts it)")
+    return f"; at most {cap} running requests"
+
+
 def describe_slots(slots: dict) -> str:
     """`bs 1 -> 16 (accept 3.20), bs 8 -> 0`: each batch size's current budget."""
     parts = []
@@ -241,7 +258,7 @@ def evaluate_ddtree_policy(info: dict, expected: str | None) -> Result:
                        f"set {settings.FAST_PLAN_ENV}=0 for this server")
                       + " and report the server log's 'fast plan host bound' lines")
     return passed(LAYER, "ddtree_policy", f"policy {policy} (budget {state.get('budget')}"
-                  f"{fallback}{plan}){learnt}")
+                  f"{fallback}{plan}){learnt}{describe_running_cap(info)}")
 
 
 def evaluate_metrics(status: int | None, body: object, expected: bool | None) -> Result:

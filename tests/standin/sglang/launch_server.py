@@ -34,6 +34,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--api-key", default=None)
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--enable-metrics", action="store_true")
+    p.add_argument("--max-running-requests", type=int, default=None)
     p.add_argument("--config", default=None, help="YAML/JSON file of flag values (api-key only)")
     p.add_argument("--vocab-size", type=int, default=151936, help="stand-in only")
     args, _unknown = p.parse_known_args(argv)  # the real server has hundreds of flags
@@ -102,6 +103,9 @@ class State:
             "speculative_num_draft_tokens": self.num_draft_tokens(),
             "speculative_dflash_block_size": a.speculative_dflash_block_size,
             "tp_size": a.tp_size,
+            # SGLang 0.5.17's DFLASH hook (speculative_hook._handle_dflash) sets 48 when unset
+            "max_running_requests": (a.max_running_requests if a.max_running_requests is not None
+                                     else 48 if a.speculative_algorithm == "DFLASH" else None),
             "attention_backend": a.attention_backend,
             "speculative_draft_attention_backend": a.speculative_draft_attention_backend,
             "internal_states": [self.internal_state()],
