@@ -656,16 +656,17 @@ def main(argv=None) -> int:
             return 2
         steps.append((m, base, backend))
     # results are keyed by the mode, logs by its base and backend: a mode given twice (or
-    # once with and once without its default @backend) would overwrite the first run's
-    first_as: dict = {}
+    # once with and once without its default @backend) would overwrite the first run's; the
+    # (base, backend) pair is derived from the mode, so it alone tells both apart
+    first_as: dict[tuple[str, str], str] = {}
     for m, base, backend in steps:
-        first = first_as.get(m, first_as.get((base, backend)))
+        first = first_as.get((base, backend))
         if first is not None:
             again = "" if first == m else f" (first as {first!r})"
             print(f"serve_pair: mode {m!r} given twice{again}: each mode's record and log are "
                   "keyed by its name; run it again in its own --out", file=sys.stderr)
             return 2
-        first_as[m] = first_as[(base, backend)] = m
+        first_as[(base, backend)] = m
     try:
         done = done_modes(args.skip_done)
     except ValueError as exc:

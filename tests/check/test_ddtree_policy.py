@@ -21,6 +21,9 @@ from sglang_dflash.sglang_overlay import settings
 from tests.check.test_live import DFLASH, live_check, wait_healthy
 
 AUTO16 = "adaptive 1:0,3,7,16;32:0,3,7;128:0,3"
+# what live.ddtree_policy appends for a server at SGLang's speculative default (§35)
+CAP48 = ("; at most 48 running requests (SGLang's default for a speculative server: more wait "
+         "in its queue; maxRunningRequests lifts it)")
 
 
 def cfg(**ddtree):
@@ -124,9 +127,7 @@ def test_the_running_request_cap_is_reported() -> None:
     plain = live.evaluate_ddtree_policy(_info(state), AUTO16)
     capped = live.evaluate_ddtree_policy(_info(state) | {"max_running_requests": 48}, AUTO16)
     assert capped.status == "PASS"
-    assert capped.found == plain.found + (
-        "; at most 48 running requests (SGLang's default for a speculative server: more wait "
-        "in its queue; maxRunningRequests lifts it)")
+    assert capped.found == plain.found + CAP48
     lifted = live.evaluate_ddtree_policy(_info(state) | {"max_running_requests": 64}, AUTO16)
     assert lifted.found == plain.found + "; at most 64 running requests"
     for odd in (None, "48", True, 4.5):
@@ -189,39 +190,33 @@ def test_check_url_fails_a_server_planning_flashinfer_from_the_bound(tmp_path: P
     assert rc == 0, (res, err)
 
 
-def test_check_url_reports_the_running_policy(tmp_path: Path, standin_server) -> None:
-    url = wait_healthy(standin_server(*DFLASH, SGLANG_DFLASH_DDTREE_BUDGET="16",
-                                      SGLANG_DFLASH_DDTREE_POLICY="adaptive"))
+def adaptive_standin(standin_server, *argv: str) -> str:
+    """A stand-in DDTree server (budget 16, policy adaptive), healthy: its URL."""
+    return wait_healthy(standin_server(*DFLASH, *argv, SGLANG_DFLASH_DDTREE_BUDGET="16",
+                                       SGLANG_DFLASH_DDTREE_POLICY="adaptive"))
+
+
+@pytest.mark.parametrize("argv,cap", [
+    ((), CAP48),  # SGLang's DFLASH hook caps an unset one at 48, and check names it
+    (("--max-running-requests", "64"), "; at most 64 running requests"),  # maxRunningRequests
+])
+def test_check_url_reports_the_running_policy(tmp_path: Path, standin_server, argv,
+                                              cap) -> None:
+    url = adaptive_standin(standin_server, *argv)
     rc, res, err, _ = live_check(tmp_path, url, "--expect-algorithm", "ddtree",
                                  "--expect-ddtree-budget", "16", "--expect-ddtree-policy",
                                  "adaptive")
     assert rc == 0, (res, err)
-    assert res["live.ddtree_policy"]["found"] == (
-        f"policy {AUTO16} (budget 16); at most 48 running requests (SGLang's default for a "
-        "speculative server: more wait in its queue; maxRunningRequests lifts it)")
+    assert res["live.ddtree_policy"]["found"] == f"policy {AUTO16} (budget 16){cap}"
     rc, res, _, _ = live_check(tmp_path, url, "--expect-algorithm", "ddtree",
                                "--expect-ddtree-budget", "16", "--expect-ddtree-policy", "fixed")
     assert rc == 1 and res["live.ddtree_policy"]["status"] == "FAIL"
 
 
-def test_check_url_reports_a_lifted_running_request_cap(tmp_path: Path, standin_server) -> None:
-    """A server started with --max-running-requests (maxRunningRequests) reports its own cap."""
-    url = wait_healthy(standin_server(*DFLASH, "--max-running-requests", "64",
-                                      SGLANG_DFLASH_DDTREE_BUDGET="16",
-                                      SGLANG_DFLASH_DDTREE_POLICY="adaptive"))
-    rc, res, err, _ = live_check(tmp_path, url, "--expect-algorithm", "ddtree",
-                                 "--expect-ddtree-budget", "16", "--expect-ddtree-policy",
-                                 "adaptive")
-    assert rc == 0, (res, err)
-    assert res["live.ddtree_policy"]["found"] == (
-        f"policy {AUTO16} (budget 16); at most 64 running requests")
-
-
 def test_check_config_expects_the_configs_policy(tmp_path: Path, standin_server) -> None:
     """`check --config` with `ddtree.policy` fixed (the default) against a server that runs
     adaptive: the mismatch is named."""
-    url = wait_healthy(standin_server(*DFLASH, SGLANG_DFLASH_DDTREE_BUDGET="16",
-                                      SGLANG_DFLASH_DDTREE_POLICY="adaptive"))
+    url = adaptive_standin(standin_server)
     port = int(url.rsplit(":", 1)[1])
     path = tmp_path / "i.json"
     path.write_text(json.dumps({"name": "p", "model": "standin-model", "draftModel": "draft-m",
