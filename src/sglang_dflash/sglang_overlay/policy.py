@@ -13,6 +13,14 @@ that earns nothing makes every round a loss, so the budget is chosen per round:
   Counterfactual accept lengths are exact for every budget up to the one that ran: the tree of
   budget n is the first n nodes of a larger tree (best-first pop order, parents first), so the
   accepted path under n is the part of the walked path with node index <= n.
+* Once a budget below the top has rounds of its own, its estimate comes from them alone: the
+  counterfactual is exact for the round, but a larger tree starts its rounds elsewhere (after
+  the tokens it got through), so it can misjudge what the smaller tree earns running (H100 §35,
+  planted branchy at bs 16: 1.30 for budgets 3 / 7 / 15, which accept 2.0 running; the slot ran
+  no draft where budget 3 paid). Such an estimate is refreshed by a **trial**, a few rounds of
+  that budget in a row, when it is old (``trial_min`` rounds, doubling) or the larger trees'
+  counterfactual for it has moved (the traffic changed), and only where the budget could pay
+  at the top budget's accept (``_stale``).
 * The slot picks the candidate with the most tokens per millisecond. Budgets above the running
   one are unseen, so the slot runs its largest candidate once every ``probe`` rounds; the probe
   interval doubles while probes confirm the choice (the probing overhead falls to <1 %).
@@ -276,6 +284,18 @@ class Slot:
     stalls: int = 0  # host walls the pause rule left out of the EMA
     warm_from: int = 0  # the padded batch size whose EMAs it started from (0: a cold start)
     borrowed: set[int] = field(default_factory=set)  # budgets whose cost is still borrowed
+    own: dict[int, int] = field(default_factory=dict)  # own steady rounds in the accept EMA
+    own_at: dict[int, int] = field(default_factory=dict)  # the round of each one's latest
+    trial_every: dict[int, int] = field(default_factory=dict)  # staleness that earns a trial
+    cf: dict[int, float] = field(default_factory=dict)  # accept EMAs from larger trees' rounds
+    cf_ref: dict[int, float] = field(default_factory=dict)  # cf when its own was last sampled
+    trial_obs: int = -1  # the budget whose trial rounds ``observe`` is collecting
+    trial_seen: int = 0  # its rounds observed so far
+    trial_acc: list[float] = field(default_factory=list)  # their accepts (the first left out)
+    trial: int = -1  # the budget on trial (-1: none)
+    trial_left: int = 0  # its rounds still to choose
+    trials: int = 0
+    switched_at: int = 0  # the round of the latest switch (-1: an adopted follow-up's)
 
 
 @dataclass(frozen=True)
@@ -308,6 +328,10 @@ class AdaptivePolicy:
         confirm_max: int = 16,
         confirm_min: int = 4,
         follow_prior: float = 4.0,
+        trial_rounds: int = 5,
+        trial_min: int = 256,
+        trial_max: int = 4096,
+        drift: float = 0.5,
     ):
         self.schedule = schedule
         # tokens a no-draft round commits per request (its decode steps: the worker's
@@ -323,6 +347,10 @@ class AdaptivePolicy:
         self.confirm_max = confirm_max
         self.confirm_min = confirm_min
         self.follow_prior = follow_prior
+        self.trial_rounds = trial_rounds
+        self.trial_min = trial_min
+        self.trial_max = trial_max
+        self.drift = drift
         self.slots: dict[int, Slot] = {}
         self._cost_seen: dict[tuple[int, int], int] = {}
         # accept EMA per budget over every slot's rounds: a follow-up's prior (``observe``)
@@ -359,6 +387,11 @@ class AdaptivePolicy:
         src = self.slots[s.warm_from]
         s.accept.update({n: src.accept[n] for n in s.candidates})
         s.cost.update({n: src.cost[n] for n in s.candidates})
+        # a borrowed accept counts as one own round: counterfactuals do not overwrite it, and
+        # this slot's own rounds soon outweigh it
+        s.own.update({n: 1 for n in s.candidates if src.own.get(n)})
+        s.cf.update({n: v for n, v in src.cf.items() if n in s.candidates})
+        s.cf_ref.update({n: v for n, v in src.cf_ref.items() if n in s.candidates})
         s.borrowed = set(s.candidates)
         s.current = max(s.candidates, key=lambda n: self.value(s, n))
 
@@ -389,9 +422,90 @@ class AdaptivePolicy:
             s.confirm_rounds = s.confirm_rounds + 1 if s.confirming else 0
             s.probes_out += 0 if s.confirming else 1
             s.since_probe = 0
+            s.trial = -1  # a probe cuts a trial short: its rounds are dropped (``observe``)
             return Choice(top, probe=True)
+        if s.trial >= 0:
+            if s.trial_left > 0 and s.trial != s.current:
+                s.trial_left -= 1
+                s.since_probe += 1
+                return Choice(s.trial, probe=True)
+            s.trial = -1
+        stale = None if s.confirming else self._stale(s)
+        if stale is not None:
+            # its rounds are one measurement, applied when the last is observed (``observe``)
+            s.trial, s.trial_left = stale, self.trial_rounds - 1
+            s.trial_obs, s.trial_seen, s.trial_acc = stale, 0, []
+            s.trials += 1
+            s.trial_every[stale] = min(self.trial_max,
+                                       2 * s.trial_every.get(stale, self.trial_min))
+            s.since_probe += 1
+            return Choice(stale, probe=True)
         s.since_probe += 1
         return Choice(s.current, probe=False)
+
+    def _trial_round(self, s: Slot, ran: int, steady: bool, accept: dict[int, float]) -> bool:
+        """Whether this round is one of a trial's; the last one replaces the budget's own
+        estimate with the mean of the trial's rounds after its first (whose start came from
+        another budget's rounds). A trial cut short (a round of another budget between its
+        rounds: a probe) is dropped whole: its few rounds would otherwise switch the slot
+        before the probe's follow-up can judge the top budget (a new request that accepts
+        every draft: the trial of 7 won against no draft and ended the follow-up of 15)."""
+        m = s.trial_obs
+        if m < 0:
+            return False
+        if ran != m:
+            if s.trial_seen:
+                s.trial_obs = -1
+            return False
+        s.trial_seen += 1
+        if steady and s.trial_seen > 1 and m in accept:
+            s.trial_acc.append(accept[m])
+        if s.trial_seen >= self.trial_rounds:
+            s.trial_obs = -1
+            if s.trial_acc:
+                s.accept[m] = sum(s.trial_acc) / len(s.trial_acc)
+                s.own[m], s.own_at[m] = len(s.trial_acc), s.rounds
+                if m in s.cf:
+                    s.cf_ref[m] = s.cf[m]
+        return True
+
+    def _stale(self, s: Slot) -> int | None:
+        """The budget below the top whose own accept estimate most needs a trial run, if any.
+
+        A budget the slot does not run keeps the estimate of its own last rounds: the
+        counterfactual from a larger tree's round is exact for that round, but a larger tree
+        starts its rounds elsewhere (after the tokens it got through), and on the planted
+        branchy regime budgets 3 / 7 / 15 accept 1.4 from where budget 31's rounds start and
+        2.0 from where their own do (H100 §35, bs 16: the slot fell back to no draft, where
+        budget 3 would have paid). So each such budget is run again, a few rounds in a row,
+        once its estimate is ``trial_every`` rounds old (doubling from ``trial_min`` after each
+        trial, reset by a switch), or at once when the larger trees' counterfactual for it has
+        moved by ``drift`` since its own rounds ran (the traffic changed).
+        """
+        top = s.candidates[-1]
+        if s.switched_at >= 0 and s.rounds - s.switched_at < 2 / self.alpha:
+            # the EMAs of a budget just switched to are still moving toward it (one probe
+            # moves the top's by alpha): a trial judged against them would win wrongly
+            return None
+        bar = self.value(s, s.current) * (1 + self.hysteresis)
+        best, best_score = None, 1.0
+        for m in s.candidates:
+            if m <= 0 or m >= top or m == s.current or not s.own.get(m):
+                continue
+            # a trial that could not pay even at the top budget's accept (here or over every
+            # batch size's rounds) is not run (a smaller tree accepts a prefix of the larger
+            # one's path): a weak drafter pays for none
+            cost = s.cost.get(m, 0.0)
+            ceiling = max(s.accept.get(top, 1.0), self.pooled.get(top, 1.0))
+            if cost <= 0 or min(ceiling, m + 1) / cost <= bar:
+                continue
+            score = (s.rounds - s.own_at.get(m, 0)) / s.trial_every.get(m, self.trial_min)
+            ref, now = s.cf_ref.get(m), s.cf.get(m)
+            if ref and now is not None and abs(now - ref) > self.drift * ref:
+                score = max(score, 1.0 + abs(now - ref) / ref)
+            if score >= best_score:
+                best, best_score = m, score
+        return best
 
     def value(self, s: Slot, n: int) -> float:
         """Expected tokens per ms of budget n; -inf while either EMA is unknown."""
@@ -415,6 +529,11 @@ class AdaptivePolicy:
         """
         s = self.slot(padded_bs)
         s.rounds += 1
+        # a round after one of the same budget started where that budget's rounds start: its
+        # accept is the budget's own (``_stale``); the first of a run started elsewhere
+        steady = bool(s.runs) and s.runs[-1][0] == ran
+        in_trial = self._trial_round(s, ran, steady, accept_by_budget)
+        first_of_trial = in_trial and not steady
         if s.runs and s.runs[-1][0] == ran:
             s.runs[-1][1] += 1
         else:
@@ -433,10 +552,24 @@ class AdaptivePolicy:
             # just run 700 rounds of branchy; 7 follow-ups of a tree 11 % ahead, none adopted)
             s.prior = {n: self.pooled.get(n, v) if n > 0 else v for n, v in s.accept.items()}
         a = self.alpha
+        top = s.candidates[-1]
         for n, v in accept_by_budget.items():
-            if n in s.candidates and n > 0:
-                old = s.accept.get(n)
-                s.accept[n] = ema(old, v, a)
+            if n == top:  # only ever measured by its own rounds (probes, follow-ups, runs)
+                s.accept[n] = ema(s.accept.get(n), v, a)
+            elif n in s.candidates and n > 0:
+                if n == ran and in_trial:
+                    pass  # a trial's rounds are applied together (``_trial_round``)
+                elif n == ran and steady:
+                    k = s.own.get(n, 0) + 1
+                    s.own[n], s.own_at[n] = k, s.rounds
+                    old = s.accept.get(n) if k > 1 else None  # the first restarts it
+                    s.accept[n] = v if old is None else old + max(a, 1 / k) * (v - old)
+                    if n in s.cf:
+                        s.cf_ref[n] = s.cf[n]
+                elif n < ran:
+                    s.cf[n] = ema(s.cf.get(n), v, a)
+                if not s.own.get(n) and not (n == ran and (steady or in_trial)):
+                    s.accept[n] = ema(s.accept.get(n), v, a)
             if n > 0:
                 old = self.pooled.get(n)
                 self.pooled[n] = ema(old, v, a)
@@ -444,7 +577,9 @@ class AdaptivePolicy:
         # more than the same round in a run of them (H200 2026-12-05, meter: budget 64 at bs 1
         # 8.2 ms fed by probes, 5.5-6.5 in a run; 31 at bs 8 10.9 against 7.8), and a slot that
         # had fallen back then judged a paying tree by its probes' cost (below, ``_follow_up``)
-        if cost_ms is not None and cost_ms > 0 and ran in s.candidates and not regular:
+        # nor is a trial's first round's, the first at its width after rounds at another
+        if (cost_ms is not None and cost_ms > 0 and ran in s.candidates and not regular
+                and not first_of_trial):
             key = (padded_bs, ran)
             seen = self._cost_seen.get(key, 0)
             self._cost_seen[key] = seen + 1
@@ -456,7 +591,9 @@ class AdaptivePolicy:
             # a follow-up opens only on a regular probe: rounds of an ended one still in flight
             # reopened it (H100 §26, bs 32 on branchy: 100 follow-ups in 493 rounds, "0x1
             # 15x2" over and over, two thirds of the rounds at a tree that lost to no draft)
-            self._follow_up(s, accept_by_budget, ran, None if regular else cost_ms)
+            adopted = self._follow_up(s, accept_by_budget, ran, None if regular else cost_ms)
+        else:
+            adopted = False
         best = max(s.candidates, key=lambda n: self.value(s, n))
         if self.value(s, best) == -math.inf:
             return s.current
@@ -467,6 +604,8 @@ class AdaptivePolicy:
                 s.switches += 1
                 s.probe_every, s.fresh_every = self.probe_min, self.fresh_gap
                 s.probes_out = 0
+                # an adopted follow-up's mean is a settled estimate; one probe's EMA step is not
+                s.trial_every, s.switched_at = {}, -1 if adopted else s.rounds
                 self._end_follow_up(s)
                 return s.current
         # only a regular probe that confirms the choice lengthens the intervals: a follow-up's
@@ -510,7 +649,7 @@ class AdaptivePolicy:
                     if n in s.candidates and n > 0 and costs.get(n, 0) > 0), default=-math.inf)
 
     def _follow_up(self, s: Slot, accept_by_budget: dict[int, float], ran: int,
-                   cost_ms: float | None) -> None:
+                   cost_ms: float | None) -> bool:
         """After a regular probe or a follow-up round while another budget is current. A
         regular probe that says a larger budget wins opens a follow-up (it is not counted: it
         was chosen for its luck); the follow-up runs ``confirm_min`` rounds of its own, then
@@ -528,12 +667,12 @@ class AdaptivePolicy:
         bar = cur_v * (1 + self.hysteresis)
         if cur_v == -math.inf:
             self._end_follow_up(s)
-            return
+            return False
         if not s.confirming:
             if self._best_rate(s, accept_by_budget) > bar:
                 s.confirming = True
                 s.follow_ups["opened"] += 1
-            return
+            return False
         for n, v in accept_by_budget.items():
             s.streak[n] = s.streak.get(n, 0.0) + v
         s.streak_rounds += 1
@@ -547,7 +686,7 @@ class AdaptivePolicy:
         own = {ran: sum(s.streak_cost) / len(s.streak_cost)} if s.streak_cost else {}
         k = s.streak_rounds
         if k < self.confirm_min:  # one round says little (H100 §26: ended after one, reopened
-            return  # by the next still in flight, a losing tree ran two rounds in three)
+            return False  # by the next still in flight, a losing tree ran two rounds in three)
         # it ends when its mean does not beat the current choice at all; adopting needs the
         # margin (``bar``). Ending at the margin too cut follow-ups of a tree 11 % ahead: the
         # mean of a few noisy rounds, looked at every round, dips under a 3 % margin often
@@ -555,17 +694,20 @@ class AdaptivePolicy:
         if self._best_rate(s, {n: v / k for n, v in s.streak.items()}, own) <= cur_v:
             s.follow_ups["ended"] += 1
             self._end_follow_up(s)
-            return
+            return False
         w = self.follow_prior
         shrunk = {n: (w * s.prior.get(n, v / k) + v) / (w + k) for n, v in s.streak.items()
                   if n in s.candidates and n > 0}
         if self._best_rate(s, shrunk, own) > bar:
             # the EMAs above the current budget are stale (probes update only their accept);
             # the follow-up's own rounds are the fresh estimate: adopt it, so the slot switches
-            s.accept.update(shrunk)
+            # (a budget with rounds of its own keeps their estimate: ``_stale``)
+            s.accept.update({n: v for n, v in shrunk.items() if n == ran or not s.own.get(n)})
             s.cost.update(own)
             s.borrowed.discard(ran)
             s.follow_ups["adopted"] += 1
+            return True
+        return False
 
     def summary(self) -> dict[str, dict]:
         """Per padded batch size: current budget, EMAs, rounds (for logs and ``check --url``)."""
@@ -581,6 +723,7 @@ class AdaptivePolicy:
                 "rounds": s.rounds,
                 "switches": s.switches,
                 "follow_ups": dict(s.follow_ups),
+                "trials": s.trials,
                 "recent": " ".join(f"{n}x{c}" for n, c in s.runs),
                 **({"warm_from": s.warm_from} if s.warm_from else {}),
             }
