@@ -901,3 +901,61 @@ def test_a_slot_that_fell_back_learns_from_the_other_batch_sizes():
     rates = [r / tree for r, _ in runs]
     assert sum(rates) / len(rates) >= 0.985, rates
     assert sum(z for _, z in runs) / len(runs) <= 0.12, runs
+
+
+def feed(pol, bs, ran, acc, cost, rounds=1):
+    for _ in range(rounds):
+        pol.observe(bs, ran, {m: acc[m] for m in acc if m <= ran}, cost[ran])
+
+
+def test_a_budgets_own_rounds_outweigh_a_larger_trees_counterfactuals():
+    """H100 §35, planted branchy at bs 16: budget 3 accepts 2.0 a round running, but from where
+    budget 31's rounds start only 1.4; the slot judged 3 by 31's rounds (1.30) and ran no
+    draft. Once 3 has run, its estimate is its own rounds' mean, whatever 31's rounds say."""
+    sched = parse_schedule("1:0,3,31", 31)
+    cost = {0: 40.3, 3: 9.2, 31: 13.0}
+    pol = AdaptivePolicy(sched, nodraft_tokens=8)
+    feed(pol, 16, 0, {}, cost, 2)
+    feed(pol, 16, 31, {3: 1.4, 31: 2.5}, cost, 3)  # counterfactuals only: 1.4
+    assert pol.slot(16).accept[3] == pytest.approx(1.4)
+    feed(pol, 16, 3, {3: 2.0}, cost, 3)  # its own rounds: the first (from 31's start) left out
+    assert pol.slot(16).accept[3] == pytest.approx(2.0)
+    feed(pol, 16, 31, {3: 1.4, 31: 2.5}, cost, 200)
+    s = pol.slot(16)
+    assert s.accept[3] == pytest.approx(2.0) and s.cf[3] == pytest.approx(1.4)
+    assert pol.value(s, 3) > pol.value(s, 0) > pol.value(s, 31)
+
+
+def test_a_stale_estimate_gets_a_trial_and_a_probe_cuts_one_short():
+    """A budget below the top whose estimate is old is run again, ``trial_rounds`` in a row; its
+    mean (first round left out) replaces the estimate. A probe in between drops the trial."""
+    sched = parse_schedule("1:0,3,31", 31)
+    cost = {0: 40.3, 3: 9.2, 31: 13.0}
+    pol = AdaptivePolicy(sched, nodraft_tokens=8, trial_min=32)
+    for n in (31, 3, 0):  # a cold start where 3 earned little
+        feed(pol, 16, n, {3: 1.1, 31: 1.2}, cost, 3)
+    s = pol.slot(16)
+    pol.pooled[31] = 2.5  # other batch sizes saw the top budget pay: 3 could
+    assert s.accept[3] == pytest.approx(1.1) and s.current == 0
+    ran = []
+    for _ in range(80):
+        n = pol.choose(16).budget
+        ran.append(n)
+        feed(pol, 16, n, {3: 2.0, 31: 2.5}, cost)
+    assert s.trials >= 1 and ran.count(3) >= pol.trial_rounds
+    assert s.accept[3] == pytest.approx(2.0) and s.current == 3  # 0.217 a ms against 0.199
+    # cut short: a trial's rounds, then a probe's, then the rest are not a trial's
+    pol = AdaptivePolicy(sched, nodraft_tokens=8)
+    for n in (31, 3, 0):
+        feed(pol, 16, n, {3: 1.1, 31: 1.2}, cost, 3)
+    s = pol.slot(16)
+    s.trial_obs, s.trial_seen, s.trial_acc = 3, 0, []
+    feed(pol, 16, 3, {3: 3.0}, cost, 2)
+    feed(pol, 16, 31, {3: 1.1, 31: 1.2}, cost)
+    assert s.trial_obs == -1 and s.accept[3] == pytest.approx(1.1)
+
+
+def test_a_weak_drafter_runs_no_trials():
+    pol = AdaptivePolicy(auto_schedule(15))
+    simulate(pol, 32, accept=lambda n: 1.02, cost=cost_model(32), rounds=3000)
+    assert pol.summary()["32"]["trials"] == 0

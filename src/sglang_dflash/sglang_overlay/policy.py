@@ -295,7 +295,9 @@ class Slot:
     trial: int = -1  # the budget on trial (-1: none)
     trial_left: int = 0  # its rounds still to choose
     trials: int = 0
-    switched_at: int = 0  # the round of the latest switch (-1: an adopted follow-up's)
+    trial_from: int = 0  # the observed round count when the latest trial began
+    run_k: int = 0  # steady rounds of the run the latest observed round belongs to
+    run_sum: float = 0.0  # their accepts
 
 
 @dataclass(frozen=True)
@@ -332,6 +334,7 @@ class AdaptivePolicy:
         trial_min: int = 256,
         trial_max: int = 4096,
         drift: float = 0.5,
+        bias: float = 2.0,
     ):
         self.schedule = schedule
         # tokens a no-draft round commits per request (its decode steps: the worker's
@@ -351,6 +354,7 @@ class AdaptivePolicy:
         self.trial_min = trial_min
         self.trial_max = trial_max
         self.drift = drift
+        self.bias = bias
         self.slots: dict[int, Slot] = {}
         self._cost_seen: dict[tuple[int, int], int] = {}
         # accept EMA per budget over every slot's rounds: a follow-up's prior (``observe``)
@@ -435,7 +439,7 @@ class AdaptivePolicy:
             # its rounds are one measurement, applied when the last is observed (``observe``)
             s.trial, s.trial_left = stale, self.trial_rounds - 1
             s.trial_obs, s.trial_seen, s.trial_acc = stale, 0, []
-            s.trials += 1
+            s.trials, s.trial_from = s.trials + 1, s.rounds
             s.trial_every[stale] = min(self.trial_max,
                                        2 * s.trial_every.get(stale, self.trial_min))
             s.since_probe += 1
@@ -483,11 +487,19 @@ class AdaptivePolicy:
         moved by ``drift`` since its own rounds ran (the traffic changed).
         """
         top = s.candidates[-1]
-        if s.switched_at >= 0 and s.rounds - s.switched_at < 2 / self.alpha:
-            # the EMAs of a budget just switched to are still moving toward it (one probe
-            # moves the top's by alpha): a trial judged against them would win wrongly
-            return None
-        bar = self.value(s, s.current) * (1 + self.hysteresis)
+        if s.trial_obs >= 0:
+            if s.rounds - s.trial_from < self.trial_rounds + 8:
+                return None  # the last trial's rounds are still to be observed
+            s.trial_obs = -1  # never observed (rounds dropped): given up
+        if not s.runs or s.runs[-1][0] != s.current or s.run_k < self.confirm_min:
+            return None  # judged against the current budget's latest rounds, not its EMA alone
+        # the EMA of a budget just switched to may still be far from it (one probe moves the
+        # top's by alpha: a new request that accepts every draft had 15 at 1.8 for 16 a round,
+        # and a trial of 7 at 8 a round won against it): the mean of its current run bounds it
+        run_mean = s.run_sum / s.run_k
+        cost_now = s.cost.get(s.current, 0.0)
+        run_value = run_mean / cost_now if cost_now > 0 else -math.inf
+        bar = max(self.value(s, s.current), run_value) * (1 + self.hysteresis)
         best, best_score = None, 1.0
         for m in s.candidates:
             if m <= 0 or m >= top or m == s.current or not s.own.get(m):
@@ -496,8 +508,12 @@ class AdaptivePolicy:
             # batch size's rounds) is not run (a smaller tree accepts a prefix of the larger
             # one's path): a weak drafter pays for none
             cost = s.cost.get(m, 0.0)
-            ceiling = max(s.accept.get(top, 1.0), self.pooled.get(top, 1.0))
-            if cost <= 0 or min(ceiling, m + 1) / cost <= bar:
+            ceiling = max(s.accept.get(top, 1.0), self.pooled.get(top, 1.0),
+                          run_mean if s.current == top else 1.0)
+            # nor one whose counterfactual, doubled, could not: where rounds start moved 2.0
+            # to 1.4 on the plant (a 3 / 7 / 15 that earns 1.0 there beside a paying top is
+            # no candidate)
+            if cost <= 0 or min(ceiling, m + 1, self.bias * s.cf.get(m, math.inf)) / cost <= bar:
                 continue
             score = (s.rounds - s.own_at.get(m, 0)) / s.trial_every.get(m, self.trial_min)
             ref, now = s.cf_ref.get(m), s.cf.get(m)
@@ -534,6 +550,8 @@ class AdaptivePolicy:
         steady = bool(s.runs) and s.runs[-1][0] == ran
         in_trial = self._trial_round(s, ran, steady, accept_by_budget)
         first_of_trial = in_trial and not steady
+        done = self.nodraft_tokens if ran == 0 else accept_by_budget.get(ran, 1.0)
+        s.run_k, s.run_sum = (s.run_k + 1, s.run_sum + done) if steady else (0, 0.0)
         if s.runs and s.runs[-1][0] == ran:
             s.runs[-1][1] += 1
         else:
@@ -591,9 +609,7 @@ class AdaptivePolicy:
             # a follow-up opens only on a regular probe: rounds of an ended one still in flight
             # reopened it (H100 §26, bs 32 on branchy: 100 follow-ups in 493 rounds, "0x1
             # 15x2" over and over, two thirds of the rounds at a tree that lost to no draft)
-            adopted = self._follow_up(s, accept_by_budget, ran, None if regular else cost_ms)
-        else:
-            adopted = False
+            self._follow_up(s, accept_by_budget, ran, None if regular else cost_ms)
         best = max(s.candidates, key=lambda n: self.value(s, n))
         if self.value(s, best) == -math.inf:
             return s.current
@@ -604,8 +620,7 @@ class AdaptivePolicy:
                 s.switches += 1
                 s.probe_every, s.fresh_every = self.probe_min, self.fresh_gap
                 s.probes_out = 0
-                # an adopted follow-up's mean is a settled estimate; one probe's EMA step is not
-                s.trial_every, s.switched_at = {}, -1 if adopted else s.rounds
+                s.trial_every = {}
                 self._end_follow_up(s)
                 return s.current
         # only a regular probe that confirms the choice lengthens the intervals: a follow-up's
