@@ -292,6 +292,7 @@ class Slot:
     trial_obs: int = -1  # the budget whose trial rounds ``observe`` is collecting
     trial_seen: int = 0  # its rounds observed so far
     trial_acc: list[float] = field(default_factory=list)  # their accepts (the first left out)
+    trial_cost: list[float] = field(default_factory=list)  # and their costs
     trial: int = -1  # the budget on trial (-1: none)
     trial_left: int = 0  # its rounds still to choose
     trials: int = 0
@@ -334,7 +335,7 @@ class AdaptivePolicy:
         trial_min: int = 256,
         trial_max: int = 4096,
         drift: float = 0.5,
-        bias: float = 2.0,
+        bias: float = 1.5,
     ):
         self.schedule = schedule
         # tokens a no-draft round commits per request (its decode steps: the worker's
@@ -438,16 +439,17 @@ class AdaptivePolicy:
         if stale is not None:
             # its rounds are one measurement, applied when the last is observed (``observe``)
             s.trial, s.trial_left = stale, self.trial_rounds - 1
-            s.trial_obs, s.trial_seen, s.trial_acc = stale, 0, []
+            s.trial_obs, s.trial_seen, s.trial_acc, s.trial_cost = stale, 0, [], []
             s.trials, s.trial_from = s.trials + 1, s.rounds
-            s.trial_every[stale] = min(self.trial_max,
-                                       2 * s.trial_every.get(stale, self.trial_min))
+            s.trial_every[stale] = min(self.trial_max, 2 * s.trial_every.get(
+                stale, self.trial_min * (4 if stale == 0 else 1)))
             s.since_probe += 1
             return Choice(stale, probe=True)
         s.since_probe += 1
         return Choice(s.current, probe=False)
 
-    def _trial_round(self, s: Slot, ran: int, steady: bool, accept: dict[int, float]) -> bool:
+    def _trial_round(self, s: Slot, ran: int, steady: bool, accept: dict[int, float],
+                     cost_ms: float | None) -> bool:
         """Whether this round is one of a trial's; the last one replaces the budget's own
         estimate with the mean of the trial's rounds after its first (whose start came from
         another budget's rounds). A trial cut short (a round of another budget between its
@@ -462,15 +464,22 @@ class AdaptivePolicy:
                 s.trial_obs = -1
             return False
         s.trial_seen += 1
-        if steady and s.trial_seen > 1 and m in accept:
-            s.trial_acc.append(accept[m])
+        if steady and s.trial_seen > 1:
+            if m in accept:
+                s.trial_acc.append(accept[m])
+            if cost_ms is not None and cost_ms > 0:
+                s.trial_cost.append(cost_ms)
         if s.trial_seen >= self.trial_rounds:
             s.trial_obs = -1
             if s.trial_acc:
                 s.accept[m] = sum(s.trial_acc) / len(s.trial_acc)
-                s.own[m], s.own_at[m] = len(s.trial_acc), s.rounds
+                s.own[m] = len(s.trial_acc)
                 if m in s.cf:
                     s.cf_ref[m] = s.cf[m]
+            if s.trial_cost:  # its cost too: the EMA may hold a width's first rounds (§36)
+                s.cost[m] = sum(s.trial_cost) / len(s.trial_cost)
+                s.borrowed.discard(m)
+            s.own_at[m] = s.rounds
         return True
 
     def _stale(self, s: Slot) -> int | None:
@@ -502,20 +511,29 @@ class AdaptivePolicy:
         bar = max(self.value(s, s.current), run_value) * (1 + self.hysteresis)
         best, best_score = None, 1.0
         for m in s.candidates:
-            if m <= 0 or m >= top or m == s.current or not s.own.get(m):
+            if m >= top or m == s.current or (m > 0 and not s.own.get(m)):
                 continue
-            # a trial that could not pay even at the top budget's accept (here or over every
-            # batch size's rounds) is not run (a smaller tree accepts a prefix of the larger
-            # one's path): a weak drafter pays for none
             cost = s.cost.get(m, 0.0)
-            ceiling = max(s.accept.get(top, 1.0), self.pooled.get(top, 1.0),
-                          run_mean if s.current == top else 1.0)
-            # nor one whose counterfactual, doubled, could not: where rounds start moved 2.0
-            # to 1.4 on the plant (a 3 / 7 / 15 that earns 1.0 there beside a paying top is
-            # no candidate)
-            if cost <= 0 or min(ceiling, m + 1, self.bias * s.cf.get(m, math.inf)) / cost <= bar:
+            if cost <= 0:
                 continue
-            score = (s.rounds - s.own_at.get(m, 0)) / s.trial_every.get(m, self.trial_min)
+            if m == 0:
+                # no draft's accept is exact; its cost is the doubt: tried where half of it
+                # would win (§36: 129 ms held for a round that cost ~40)
+                if self.nodraft_tokens * self.bias / cost <= bar:
+                    continue
+            else:
+                # a trial that could not pay even at the top budget's accept (here or over
+                # every batch size's rounds) is not run (a smaller tree accepts a prefix of the
+                # larger one's path): a weak drafter pays for none; nor one whose
+                # counterfactual, doubled, could not (where rounds start moved 2.0 to 1.4 on
+                # the plant: a 3 / 7 / 15 that earns 1.0 beside a paying top is no candidate)
+                ceiling = max(s.accept.get(top, 1.0), self.pooled.get(top, 1.0),
+                              run_mean if s.current == top else 1.0)
+                if min(ceiling, m + 1, self.bias * s.cf.get(m, math.inf)) / cost <= bar:
+                    continue
+            # no draft's rounds are long (k decode steps): its trials come a quarter as often
+            every = s.trial_every.get(m, self.trial_min * (4 if m == 0 else 1))
+            score = (s.rounds - s.own_at.get(m, 0)) / every
             ref, now = s.cf_ref.get(m), s.cf.get(m)
             if ref and now is not None and abs(now - ref) > self.drift * ref:
                 score = max(score, 1.0 + abs(now - ref) / ref)
@@ -548,7 +566,7 @@ class AdaptivePolicy:
         # a round after one of the same budget started where that budget's rounds start: its
         # accept is the budget's own (``_stale``); the first of a run started elsewhere
         steady = bool(s.runs) and s.runs[-1][0] == ran
-        in_trial = self._trial_round(s, ran, steady, accept_by_budget)
+        in_trial = self._trial_round(s, ran, steady, accept_by_budget, cost_ms)
         first_of_trial = in_trial and not steady
         done = self.nodraft_tokens if ran == 0 else accept_by_budget.get(ran, 1.0)
         s.run_k, s.run_sum = (s.run_k + 1, s.run_sum + done) if steady else (0, 0.0)
@@ -604,7 +622,12 @@ class AdaptivePolicy:
             if seen >= 1:  # the first round of a width pays one-off costs (H200: 347 ms at N=16)
                 old = None if ran in s.borrowed else s.cost.get(ran)  # a borrowed cost goes
                 s.borrowed.discard(ran)
-                s.cost[ran] = ema(old, cost_ms, a)
+                # and the next few may too: the cheapest of them starts the EMA (H100 §36: a
+                # bs-16 slot's second no-draft round cost 134 ms, later ones ~40; seeded there,
+                # no draft looked 3 x dearer than it was and never ran again: absent at
+                # 0.63 x none). Too cheap a start is corrected by running; too dear, never.
+                first = seen <= self.cost_samples and old is not None
+                s.cost[ran] = min(old, cost_ms) if first else ema(old, cost_ms, a)
         if regular or (probed and s.confirming):
             # a follow-up opens only on a regular probe: rounds of an ended one still in flight
             # reopened it (H100 §26, bs 32 on branchy: 100 follow-ups in 493 rounds, "0x1
