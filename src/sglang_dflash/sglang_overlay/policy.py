@@ -517,16 +517,16 @@ class AdaptivePolicy:
             if cost <= 0:
                 continue
             if m == 0:
-                # no draft's accept is exact; its cost is the doubt: tried where half of it
-                # would win (§36: 129 ms held for a round that cost ~40)
+                # no draft's accept is exact; its cost is the doubt: tried where that cost
+                # divided by ``bias`` would win (§36: 129 ms held for a round that cost ~40)
                 if self.nodraft_tokens * self.bias / cost <= bar:
                     continue
             else:
                 # a trial that could not pay even at the top budget's accept (here or over
                 # every batch size's rounds) is not run (a smaller tree accepts a prefix of the
                 # larger one's path): a weak drafter pays for none; nor one whose
-                # counterfactual, doubled, could not (where rounds start moved 2.0 to 1.4 on
-                # the plant: a 3 / 7 / 15 that earns 1.0 beside a paying top is no candidate)
+                # counterfactual times ``bias`` could not (where rounds start moved 2.0 to 1.4
+                # on the plant: a 3 / 7 / 15 that earns 1.0 beside a paying top is none)
                 ceiling = max(s.accept.get(top, 1.0), self.pooled.get(top, 1.0),
                               run_mean if s.current == top else 1.0)
                 if min(ceiling, m + 1, self.bias * s.cf.get(m, math.inf)) / cost <= bar:
@@ -570,6 +570,8 @@ class AdaptivePolicy:
         first_of_trial = in_trial and not steady
         done = self.nodraft_tokens if ran == 0 else accept_by_budget.get(ran, 1.0)
         s.run_k, s.run_sum = (s.run_k + 1, s.run_sum + done) if steady else (0, 0.0)
+        if ran == 0 and steady:
+            s.own_at[0] = s.rounds  # no draft's cost was just measured in a run of its own
         if s.runs and s.runs[-1][0] == ran:
             s.runs[-1][1] += 1
         else:
