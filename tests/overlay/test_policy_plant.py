@@ -18,10 +18,10 @@ from tests.script_module import load_script
 
 E2E = load_script(REPO / "scripts" / "gpu_e2e.py", "gpu_e2e_for_policy")
 BLOCK = 16
-# ms a round by the policy's meter, H100 §35 (padded verify; bs 16 every budget, bs 1 / 8 what
-# the slots measured, 3 / 7 at bs 8 a step below 15 where they were only borrowed)
+# ms a round by the policy's meter, H100 §35 (padded verify): bs 1 and 16 as measured; bs 8 as
+# measured for 0 / 15 / 31, with 3 / 7 (only borrowed there) set a step below 15
 COST = {
-    1: {0: 35.44, 3: 6.83, 7: 7.11, 15: 6.9, 31: 7.65, 64: 6.65},
+    1: {0: 35.44, 3: 6.83, 7: 7.11, 15: 5.735, 31: 7.65, 64: 6.65},
     8: {0: 38.63, 3: 7.4, 7: 7.6, 15: 7.66, 31: 8.82},
     16: {0: 40.29, 3: 9.217, 7: 10.006, 15: 10.749, 31: 12.964},
     32: {0: 42.5, 3: 10.84, 7: 12.53, 15: 13.86},  # §36's bs-32 slot; 0 from §35
