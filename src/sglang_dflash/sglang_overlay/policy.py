@@ -441,8 +441,7 @@ class AdaptivePolicy:
             s.trial, s.trial_left = stale, self.trial_rounds - 1
             s.trial_obs, s.trial_seen, s.trial_acc, s.trial_cost = stale, 0, [], []
             s.trials, s.trial_from = s.trials + 1, s.rounds
-            s.trial_every[stale] = min(self.trial_max, 2 * s.trial_every.get(
-                stale, self.trial_min * (4 if stale == 0 else 1)))
+            s.trial_every[stale] = min(self.trial_max, 2 * self._trial_every(s, stale))
             s.since_probe += 1
             return Choice(stale, probe=True)
         s.since_probe += 1
@@ -481,6 +480,11 @@ class AdaptivePolicy:
                 s.borrowed.discard(m)
             s.own_at[m] = s.rounds
         return True
+
+    def _trial_every(self, s: Slot, m: int) -> int:
+        """Rounds an estimate of budget m may age before a trial; no draft's rounds are long
+        (k decode steps), so its trials come a quarter as often."""
+        return s.trial_every.get(m, self.trial_min * (4 if m == 0 else 1))
 
     def _stale(self, s: Slot) -> int | None:
         """The budget below the top whose own accept estimate most needs a trial run, if any.
@@ -531,9 +535,7 @@ class AdaptivePolicy:
                               run_mean if s.current == top else 1.0)
                 if min(ceiling, m + 1, self.bias * s.cf.get(m, math.inf)) / cost <= bar:
                     continue
-            # no draft's rounds are long (k decode steps): its trials come a quarter as often
-            every = s.trial_every.get(m, self.trial_min * (4 if m == 0 else 1))
-            score = (s.rounds - s.own_at.get(m, 0)) / every
+            score = (s.rounds - s.own_at.get(m, 0)) / self._trial_every(s, m)
             ref, now = s.cf_ref.get(m), s.cf.get(m)
             if ref and now is not None and abs(now - ref) > self.drift * ref:
                 score = max(score, 1.0 + abs(now - ref) / ref)
@@ -572,7 +574,7 @@ class AdaptivePolicy:
         s.run_k, s.run_sum = (s.run_k + 1, s.run_sum + done) if steady else (0, 0.0)
         if ran == 0 and steady:
             s.own_at[0] = s.rounds  # no draft's cost was just measured in a run of its own
-        if s.runs and s.runs[-1][0] == ran:
+        if steady:
             s.runs[-1][1] += 1
         else:
             s.runs.append([ran, 1])
@@ -689,7 +691,7 @@ class AdaptivePolicy:
                     if n in s.candidates and n > 0 and costs.get(n, 0) > 0), default=-math.inf)
 
     def _follow_up(self, s: Slot, accept_by_budget: dict[int, float], ran: int,
-                   cost_ms: float | None) -> bool:
+                   cost_ms: float | None) -> None:
         """After a regular probe or a follow-up round while another budget is current. A
         regular probe that says a larger budget wins opens a follow-up (it is not counted: it
         was chosen for its luck); the follow-up runs ``confirm_min`` rounds of its own, then
@@ -707,12 +709,12 @@ class AdaptivePolicy:
         bar = cur_v * (1 + self.hysteresis)
         if cur_v == -math.inf:
             self._end_follow_up(s)
-            return False
+            return
         if not s.confirming:
             if self._best_rate(s, accept_by_budget) > bar:
                 s.confirming = True
                 s.follow_ups["opened"] += 1
-            return False
+            return
         for n, v in accept_by_budget.items():
             s.streak[n] = s.streak.get(n, 0.0) + v
         s.streak_rounds += 1
@@ -726,7 +728,7 @@ class AdaptivePolicy:
         own = {ran: sum(s.streak_cost) / len(s.streak_cost)} if s.streak_cost else {}
         k = s.streak_rounds
         if k < self.confirm_min:  # one round says little (H100 §26: ended after one, reopened
-            return False  # by the next still in flight, a losing tree ran two rounds in three)
+            return  # by the next still in flight, a losing tree ran two rounds in three)
         # it ends when its mean does not beat the current choice at all; adopting needs the
         # margin (``bar``). Ending at the margin too cut follow-ups of a tree 11 % ahead: the
         # mean of a few noisy rounds, looked at every round, dips under a 3 % margin often
@@ -734,7 +736,7 @@ class AdaptivePolicy:
         if self._best_rate(s, {n: v / k for n, v in s.streak.items()}, own) <= cur_v:
             s.follow_ups["ended"] += 1
             self._end_follow_up(s)
-            return False
+            return
         w = self.follow_prior
         shrunk = {n: (w * s.prior.get(n, v / k) + v) / (w + k) for n, v in s.streak.items()
                   if n in s.candidates and n > 0}
@@ -746,8 +748,6 @@ class AdaptivePolicy:
             s.cost.update(own)
             s.borrowed.discard(ran)
             s.follow_ups["adopted"] += 1
-            return True
-        return False
 
     def summary(self) -> dict[str, dict]:
         """Per padded batch size: current budget, EMAs, rounds (for logs and ``check --url``)."""
