@@ -20,7 +20,7 @@ from sglang_dflash.config import (
 from sglang_dflash.sglang_overlay import settings
 from tests.check.test_live import DFLASH, live_check, wait_healthy
 
-AUTO16 = "adaptive 1:0,3,7,16;32:0,3,7;128:0,3"
+AUTO16 = "adaptive 1:0,3,7,16;32:0,3,7,15"
 # what live.ddtree_policy appends for a server at SGLang's speculative default (§35)
 CAP48 = ("; at most 48 running requests (SGLang's default for a speculative server: more wait "
          "in its queue; maxRunningRequests lifts it)")

@@ -24,15 +24,24 @@ def test_auto_schedule_offers_what_fits_and_always_a_fallback():
     s = auto_schedule(15)
     assert s.candidates(1) == (0, 3, 7, 15)
     assert s.candidates(32) == (0, 3, 7, 15)  # 32 x 16 = 512 tokens
-    assert s.candidates(64) == (0, 3, 7)
-    assert s.candidates(128) == (0, 3)
-    assert s.candidates(1000) == (0, 3)  # nothing fits: the smallest tree and no draft
+    # 64 x 16 > 512, but 15 verifies DFLASH's 16 tokens: offered at every batch size
+    assert s.candidates(64) == s.candidates(128) == s.candidates(1000) == (0, 3, 7, 15)
     assert s.budgets() == (0, 3, 7, 15)
-    assert s.capture_bs(15, [1, 2, 4, 8, 16, 24, 32, 48, 64]) == [1, 2, 4, 8, 16, 24, 32, 48]
+    assert s.capture_bs(15, [1, 2, 4, 8, 16, 24, 32, 48, 64]) == [1, 2, 4, 8, 16, 24, 32, 48, 64]
     big = auto_schedule(64)
     assert big.candidates(1) == (0, 3, 7, 15, 31, 64)
     assert big.candidates(8) == (0, 3, 7, 15, 31)  # 8 x 65 > 512: N leaves
+    assert big.candidates(16) == (0, 3, 7, 15, 31)  # 16 x 32 = 512
+    assert big.candidates(32) == big.candidates(64) == (0, 3, 7, 15)  # 31 leaves, 15 stays
+    assert big.capture_bs(31, [1, 8, 16, 24, 32, 64]) == [1, 8, 16, 24]
     assert auto_schedule(64, 4096).candidates(32) == (0, 3, 7, 15, 31, 64)
+    # N = 16's ladder has no 15 (too close to 16): 15 comes in where 16 leaves
+    n16 = auto_schedule(16)
+    assert n16.render() == "1:0,3,7,16;32:0,3,7,15"
+    assert n16.capture_bs(15, [1, 16, 32, 64]) == [32, 64]
+    assert auto_schedule(40).candidates(64) == (0, 3, 7, 15)
+    assert auto_schedule(8, 2).render() == "1:0,3,8"  # N narrower than DFLASH's round
+    assert auto_schedule(1, 2).render() == "1:0,1"
 
 
 def test_schedule_text_round_trips_and_routes_by_range():

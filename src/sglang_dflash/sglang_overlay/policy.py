@@ -65,6 +65,11 @@ LADDER = (3, 7, 15, 31, 63, 127, 255, 511, 1023)
 # (H200, 8B-shaped Qwen3: docs/ddtree.md "Choosing the budget N").
 AUTO_TOKEN_CAP = 512
 AUTO_MAX_BS = 1024
+# Verify width DFLASH runs at every batch size (the DFlash drafters' block of 16 tokens): the
+# automatic schedule offers every budget up to this width at every batch size whatever the token
+# cap, so the adaptive policy always has DFLASH's round to choose (docs/gpu-results.md §36: at
+# bs 64 the cap left 0 / 3 / 7, and chain c = 64 ran at 0.59 x DFLASH verifying 16 there).
+DFLASH_WIDTH = 16
 # Runs of one budget a slot keeps for its summary ("0x37 31x4 0x20": what it ran, in order), so
 # a server's policy_state shows how it moved between budgets, not only how often.
 RUNS_KEPT = 24
@@ -191,7 +196,9 @@ def auto_schedule(max_budget: int, token_cap: int = AUTO_TOKEN_CAP) -> Schedule:
     """The default: budgets 0, the ladder below N, and N, each offered where bs x (n+1) fits.
 
     Every range keeps 0 (no draft) and its smallest positive budget, so a weak drafter or a
-    large batch can always fall back, and a strong drafter always has a tree to grow from.
+    large batch can always fall back, and a strong drafter always has a tree to grow from; and
+    a budget as wide as DFLASH's round (``DFLASH_WIDTH``; N where N is narrower), with every
+    rung below it, at every batch size: it costs no more memory than DFLASH there.
     """
     if max_budget < 1:
         raise PolicyError(f"auto schedule: budget {max_budget} < 1")
@@ -199,10 +206,13 @@ def auto_schedule(max_budget: int, token_cap: int = AUTO_TOKEN_CAP) -> Schedule:
         raise PolicyError(f"auto schedule: token cap {token_cap} < 2")
     # ladder steps close to N (63 beside 64) would add graphs for no choice
     ladder = [n for n in LADDER if n <= 0.75 * max_budget] + [max_budget]
+    floor = min(max_budget, DFLASH_WIDTH - 1)
     entries: list[tuple[int, tuple[int, ...]]] = []
     bs = 1
     while bs <= AUTO_MAX_BS:
-        fit = [n for n in ladder if bs * (n + 1) <= token_cap] or [ladder[0]]
+        fit = [n for n in ladder if bs * (n + 1) <= token_cap or n <= floor]
+        if max(fit, default=0) < floor:  # N's ladder skips DFLASH's round (N = 16: 15)
+            fit.append(floor)
         if bs == 1 and max_budget not in fit:
             fit.append(max_budget)  # the configured N runs at least at bs = 1
         cands = (0, *fit)
