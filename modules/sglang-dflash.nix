@@ -232,7 +232,14 @@ let
       maxRunningRequests = mkOption {
         type = types.nullOr (between limits.maxRunningRequests);
         default = null;
-        description = "Maximum concurrently running requests (--max-running-requests).";
+        description = ''
+          Maximum concurrently running requests (--max-running-requests). null keeps SGLang's
+          default, which is 48 on a speculative server (DFLASH, DDTree): more requests wait in
+          its queue, so above 48 at once such a server falls behind no speculation
+          (docs/ddtree.md). Set it to the concurrency the instance serves; each batch size
+          above 48 adds CUDA graphs (4B-shaped Qwen3 on an H100 at 64: ~19 s more start,
+          ~1.8 GB more graph memory; docs/gpu-results.md §36).
+        '';
       };
       servedModelName = mkOption {
         type = types.nullOr types.str;
