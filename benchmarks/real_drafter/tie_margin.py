@@ -29,7 +29,8 @@ gap of logits says nothing here. At the first divergence the sampler itself (our
 ``verify.seeded_node_targets`` with SGLang's ``multinomial_with_seed``, as the servers ran it:
 position = prefix length - 1) draws from the fp32 logits, the bf16 ones, the fp32 ones with a
 and b pushed eps apart either way, and ``SEEDED_DRAWS`` copies with uniform noise in
-[-eps, eps] on every logit. Verdict ``numerics`` when both a and b are among those draws (each
+[-eps, eps] on every logit (``SEEDED_SPREAD_DRAWS`` more where those scatter and miss a or b:
+``judge_seeded``). Verdict ``numerics`` when both a and b are among those draws (each
 server's token is what the sampler gives within bf16's error), else ``mismatch``. Needs SGLang
 importable (the GPU host's site) when seeded rows diverge.
 
@@ -51,6 +52,8 @@ KINDS = ("greedy", "greedy_parallel")
 TOP_EPS = 8  # eps is measured over the fp32 top-8 tokens
 VERDICTS = ("identical", "numerics", "mismatch")
 SEEDED_DRAWS = 64  # noisy copies of the fp32 logits the seeded sampler draws from
+SEEDED_SPREAD_DRAWS = 3072  # more where the draws scatter and a or b is missing (judge_seeded)
+SEEDED_CHUNK = 512  # rows drawn at once (a vocabulary-wide row each)
 SEEDED_KIND = "seeded"
 
 
@@ -221,6 +224,7 @@ class SeededJudged(JudgedAt):
     hits_b: int
     draws: int
     verdict: str
+    other: int = 0  # draws that gave neither a nor b: many means the draw moves among many tokens
 
 
 def find_seeded_divergences(
@@ -268,13 +272,18 @@ def find_seeded_divergences(
 
 
 def judge_seeded(d: SeededDivergence, lg: Logits, seeded, draws: int = SEEDED_DRAWS,
-                 noise_seed: int = 0, device: str = "cpu") -> SeededJudged:
+                 noise_seed: int = 0, device: str = "cpu",
+                 spread_draws: int = SEEDED_SPREAD_DRAWS) -> SeededJudged:
     """The seeded sampler's draws from this prefix's logits within bf16's error (see the module
     docstring). ``seeded`` is SGLang's ``multinomial_with_seed`` (a stand-in in CPU tests),
-    which hashes with a CUDA-only Triton kernel: the draws run on ``device``, the forwards'."""
-    import torch
+    which hashes with a CUDA-only Triton kernel: the draws run on ``device``, the forwards'.
 
-    from sglang_dflash.sglang_overlay.verify import seeded_node_targets
+    Where the draws scatter (a and b together under half of them) and a or b is not among
+    them, ``spread_draws`` more are made, every logit still within eps of the fp32 ones, a third
+    with a missing token pushed up by eps (a third each if both are): at a position whose draw
+    moves among many near-equal tokens (H200 §37: 6 of 68 draws gave a, none b, 62 others) 68
+    draws cannot tell a token the sampler never gives from one it gives rarely."""
+    import torch
 
     l32 = torch.tensor(lg.l32, dtype=torch.float32)
     l16 = torch.tensor(lg.l16, dtype=torch.float32)
@@ -288,21 +297,47 @@ def judge_seeded(d: SeededDivergence, lg: Logits, seeded, draws: int = SEEDED_DR
             rows.append(r)
     gen = torch.Generator().manual_seed(noise_seed)
     noise = (torch.rand((draws, l32.numel()), generator=gen) * 2 - 1) * eps
-    logits = torch.cat([torch.stack(rows), l32.unsqueeze(0) + noise]).to(device)
-    n = logits.shape[0]
-    got = seeded_node_targets(
-        logits, 1, torch.full((n,), d.temperature), torch.full((n,), d.seed, dtype=torch.int64),
-        torch.full((n,), len(d.prefix) - 1, dtype=torch.int64), seeded,
-        top_ks=torch.full((n,), d.top_k, dtype=torch.int64) if d.top_k > 0 else None,
-        top_ps=torch.full((n,), d.top_p) if d.top_p < 1.0 else None,
-    ).view(-1).tolist()
+    got = _seeded_draws(d, torch.cat([torch.stack(rows), l32.unsqueeze(0) + noise]), seeded,
+                        device)
     hits_a = sum(1 for t in got if t == d.a)
     hits_b = sum(1 for t in got if t == d.b)
+    spread = 2 * (hits_a + hits_b) < len(got)
+    if d.a is not None and d.b is not None and spread and min(hits_a, hits_b) == 0:
+        missing = [t for t, hits in ((d.a, hits_a), (d.b, hits_b)) if hits == 0]
+        for start in range(0, spread_draws, SEEDED_CHUNK):
+            k = min(SEEDED_CHUNK, spread_draws - start)
+            extra = l32.unsqueeze(0) + (torch.rand((k, l32.numel()), generator=gen) * 2 - 1) * eps
+            for i, t in enumerate(missing):  # a third each pushed up, the rest still noisy
+                extra[i * k // 3:(i + 1) * k // 3, t] = l32[t] + eps
+            more = _seeded_draws(d, extra, seeded, device)
+            got += more
+            hits_a += sum(1 for t in more if t == d.a)
+            hits_b += sum(1 for t in more if t == d.b)
+            if hits_a and hits_b:
+                break
     ok = d.a is not None and d.b is not None and hits_a > 0 and hits_b > 0
     return SeededJudged(
         mode=d.mode, backend=d.backend, kind=SEEDED_KIND, prompt=d.prompt, position=d.position,
         prefix_len=len(d.prefix), a=d.a, b=d.b, eps=eps, draw32=got[0], draw16=got[1],
-        hits_a=hits_a, hits_b=hits_b, draws=n, verdict="numerics" if ok else "mismatch")
+        hits_a=hits_a, hits_b=hits_b, draws=len(got), verdict="numerics" if ok else "mismatch",
+        other=len(got) - hits_a - hits_b)
+
+
+def _seeded_draws(d: SeededDivergence, logits, seeded, device: str) -> list[int]:
+    """The seeded sampler's token for each row of ``logits`` at this divergence's position,
+    seed, temperature and truncation: what a server at that prefix would draw from them."""
+    import torch
+
+    from sglang_dflash.sglang_overlay.verify import seeded_node_targets
+
+    n = logits.shape[0]
+    return seeded_node_targets(
+        logits.to(device), 1, torch.full((n,), d.temperature),
+        torch.full((n,), d.seed, dtype=torch.int64),
+        torch.full((n,), len(d.prefix) - 1, dtype=torch.int64), seeded,
+        top_ks=torch.full((n,), d.top_k, dtype=torch.int64) if d.top_k > 0 else None,
+        top_ps=torch.full((n,), d.top_p) if d.top_p < 1.0 else None,
+    ).view(-1).tolist()
 
 
 def sglang_seeded_sampler():
@@ -532,7 +567,8 @@ def run(args) -> dict:
         "top_eps": TOP_EPS,
         "rule": "numerics iff gap <= 2 * eps",
         "seeded_rule": "numerics iff the seeded sampler draws both a and b from the fp32 logits "
-                       f"within eps (fp32, bf16, a/b pushed eps apart, {SEEDED_DRAWS} noisy)",
+                       f"within eps (fp32, bf16, a/b pushed eps apart, {SEEDED_DRAWS} noisy; "
+                       f"{SEEDED_SPREAD_DRAWS} more where they scatter and miss a or b)",
         "summary": summarise(judged, identical)
         | {"forwards": len(prefixes), "forward_seconds": round(seconds, 2),
            "seeded_unjudged": unjudged},

@@ -338,6 +338,31 @@ def test_judge_seeded_clear_order_is_a_mismatch():
     j = tm.judge_seeded(_sdiv(2, 5), tm.Logits(l32, l32), toy_seeded)
     assert j.eps == 0.0 and j.verdict == "mismatch"
     assert (j.hits_a == 0) != (j.hits_b == 0)  # exactly one of them is what the sampler draws
+    assert j.draws == 4 + tm.SEEDED_DRAWS and j.other == 0  # not scattered: no more draws
+
+
+def test_judge_seeded_draws_more_where_the_draw_scatters():
+    # 300 tokens within 1e-4 of each other, bf16 off by 1e-3: the draw moves among them under
+    # the smallest noise, so 68 draws miss most of them (H200 §37: 6 a, 0 b, 62 other)
+    l32 = [-9.0] * 400
+    for t in range(300):
+        l32[t] = 3.0 + 1e-7 * t
+    l16 = list(l32)
+    l16[299] += 1e-3  # eps is measured over the fp32 top 8
+    lg = tm.Logits(l32, l16)
+    base = tm.judge_seeded(_sdiv(7, 250), lg, toy_seeded, spread_draws=0)
+    assert base.draws == 4 + tm.SEEDED_DRAWS and base.other > base.draws // 2
+    missed = [b for b in range(1, 300) if b != 7 and tm.judge_seeded(
+        _sdiv(7, b), lg, toy_seeded, spread_draws=0).hits_b == 0][:3]
+    assert missed  # most near-tied tokens are not among the first draws
+    for b in missed:
+        j = tm.judge_seeded(_sdiv(7, b), lg, toy_seeded)
+        assert j.verdict == "numerics" and j.hits_a > 0 and j.hits_b > 0
+        assert 4 + tm.SEEDED_DRAWS < j.draws <= 4 + tm.SEEDED_DRAWS + tm.SEEDED_SPREAD_DRAWS
+    # a token outside the near-tied set is never drawn, however many draws: a real bug
+    far = tm.judge_seeded(_sdiv(7, 350), lg, toy_seeded)
+    assert far.verdict == "mismatch" and far.hits_b == 0
+    assert far.draws == 4 + tm.SEEDED_DRAWS + tm.SEEDED_SPREAD_DRAWS
 
 
 def test_summary_counts_seeded_rows_beside_greedy():
