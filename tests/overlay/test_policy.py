@@ -616,7 +616,7 @@ def test_summary_shows_the_runs_and_follow_ups():
         pol.observe(1, n, {15: 1.0} if n else {}, 8.0 if n else 30.0)
     one = pol.summary()["1"]
     assert one["recent"] == "15x2 0x3 15x1"
-    assert set(one["follow_ups"]) == {"opened", "adopted", "ended", "capped"}
+    assert set(one["follow_ups"]) == {"opened", "adopted", "ended", "capped", "waived"}
     for _ in range(200):  # the kept runs are bounded
         pol.observe(1, 15, {15: 1.0}, 8.0)
         pol.observe(1, 0, {}, 30.0)

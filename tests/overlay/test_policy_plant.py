@@ -41,7 +41,8 @@ def phase_table(regime: str, budgets) -> tuple[dict[int, list[int]], int]:
     return out, len(pattern)
 
 
-def serve_level(pol, bs, regime, pending, lag=3, waves=6, tokens=256, first=None):
+def serve_level(pol, bs, regime, pending, lag=3, waves=6, tokens=256, first=None,
+                costs=None):
     """Waves of ``bs`` requests of ``tokens`` tokens, in step (one plant schedule), fed
     ``lag`` rounds late, with the worker's fresh-request share; tokens a ms over the waves
     after two of warm-up. ``first`` (a dict) makes the first two no-draft rounds at each
@@ -63,7 +64,7 @@ def serve_level(pol, bs, regime, pending, lag=3, waves=6, tokens=256, first=None
             step = NODRAFT_TOKENS if n == 0 else 1 + table[n][pos % period]
             acc = {m: 1.0 + table[m][pos % period] for m in cands if 0 < m <= n}
             pos, done = pos + step, done + step
-            cost = COST[bs][n]
+            cost = (costs or COST)[bs][n]
             if first is not None and n == 0:
                 nth = first[bs] = first.get(bs, 0) + 1
                 cost *= 3.3 if nth <= 2 else 1.0
@@ -73,14 +74,15 @@ def serve_level(pol, bs, regime, pending, lag=3, waves=6, tokens=256, first=None
     return made / spent
 
 
-def fixed_rate(bs, regime, n, tokens=256):
+def fixed_rate(bs, regime, n, tokens=256, costs=None):
+    costs = costs or COST
     if n == 0:
-        return bs * NODRAFT_TOKENS / COST[bs][0]
+        return bs * NODRAFT_TOKENS / costs[bs][0]
     table, period = phase_table(regime, [n])
     pos = rounds = 0
     while pos < tokens:
         pos, rounds = pos + 1 + table[n][pos % period], rounds + 1
-    return bs * pos / (rounds * COST[bs][n])
+    return bs * pos / (rounds * costs[bs][n])
 
 
 def test_in_the_grid_order_each_level_runs_near_its_best_budget():
@@ -125,3 +127,48 @@ def test_a_widths_first_rounds_do_not_make_it_look_dear_for_good():
     assert all(ratio["absent", bs] >= 0.99 for bs in (16, 32)), ratio
     assert ratio["branchy", 16] >= 0.93, ratio
     assert all(r >= 0.95 for k, r in ratio.items() if k != ("branchy", 16)), ratio
+
+
+# ms a round by the policy's meter, H200 §37 (padded verify, cap 64): the slots' cost_ms at the
+# end of the grid (bs 1 from its slot, 16 / 32 / 64 as measured there; 3 / 7 at bs 64 from
+# their probes and follow-ups)
+COST_H200 = {
+    1: {0: 28.6, 3: 4.44, 7: 4.6, 15: 4.66, 31: 5.09, 64: 5.52},
+    16: {0: 32.65, 3: 7.09, 7: 7.6, 15: 9.2, 31: 12.7},
+    32: {0: 34.56, 3: 9.40, 7: 11.58, 15: 13.88},
+    64: {0: 39.8, 3: 14.13, 7: 17.61, 15: 24.36},
+}
+
+
+def grid_h200(pol) -> dict:
+    """§37's order: the check's bs-1 requests, then levels 16 / 32 / 64 per regime, with the
+    H200's costs; each level's rate over its best fixed budget."""
+    pending: collections.deque = collections.deque()
+    first: dict = {}
+    serve_level(pol, 1, "absent", pending, waves=3, first=first, costs=COST_H200)
+    ratio = {}
+    for regime in ("absent", "branchy", "chain"):
+        for bs in (16, 32, 64):
+            rate = serve_level(pol, bs, regime, pending, first=first, costs=COST_H200)
+            ratio[regime, bs] = round(rate / max(fixed_rate(bs, regime, n, costs=COST_H200)
+                                                 for n in COST_H200[bs]), 3)
+    return ratio
+
+
+def test_follow_ups_that_keep_losing_back_off():
+    """H200 §37, branchy at bs 32 / 64: every wave's probe of 15 opened a follow-up (its lucky
+    round 1.03-1.34 x the bar), 5 rounds of a tree earning 0.08-0.14 a ms against no draft's
+    0.2-0.23, never adopted ("15x1 0x1 15x5 0x29" over and over; 0.93 / 0.88 x none). A
+    follow-up that ends more than 5 % behind now waives the next weak openings (1, 2, 4 …);
+    a strong one (2 x the bar: a regime change to chain) still opens. Replayed with §37's
+    costs: branchy bs 32 / 64 0.964 / 0.917 without the back-off, 0.99 / 0.954 with it."""
+    without = grid_h200(AdaptivePolicy(auto_schedule(64), nodraft_tokens=NODRAFT_TOKENS,
+                                       follow_lose=0.0))
+    pol = AdaptivePolicy(auto_schedule(64), nodraft_tokens=NODRAFT_TOKENS)
+    ratio = grid_h200(pol)
+    assert without["branchy", 64] < 0.93 and without["branchy", 32] < 0.97, without
+    assert ratio["branchy", 64] >= 0.95 and ratio["branchy", 32] >= 0.98, ratio
+    assert all(ratio[k] >= without[k] for k in ratio), (ratio, without)
+    assert all(ratio["chain", bs] >= 0.97 for bs in (16, 32, 64)), ratio  # chain still adopts
+    assert all(ratio["absent", bs] >= 0.98 for bs in (16, 32, 64)), ratio
+    assert pol.summary()["64"]["follow_ups"]["waived"] >= 1, pol.summary()["64"]

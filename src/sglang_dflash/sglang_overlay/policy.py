@@ -287,7 +287,10 @@ class Slot:
     streak_rounds: int = 0
     streak_cost: list[float] = field(default_factory=list)  # ms of its rounds (the top budget)
     follow_ups: dict[str, int] = field(
-        default_factory=lambda: {"opened": 0, "adopted": 0, "ended": 0, "capped": 0})
+        default_factory=lambda: {"opened": 0, "adopted": 0, "ended": 0, "capped": 0,
+                                 "waived": 0})
+    follow_wait: int = 0  # weak openings still to waive after follow-ups that were not adopted
+    follow_backoff: int = 0  # the next wait: doubles with each one not adopted
     runs: list[list[int]] = field(default_factory=list)  # recent [budget, rounds] runs
     wall: dict[int, float] = field(default_factory=dict)  # host ms round to round (a check)
     wall_max: dict[int, float] = field(default_factory=dict)  # the longest, pauses included
@@ -341,6 +344,9 @@ class AdaptivePolicy:
         confirm_max: int = 16,
         confirm_min: int = 4,
         follow_prior: float = 4.0,
+        follow_strong: float = 2.0,
+        follow_lose: float = 0.95,
+        follow_backoff_max: int = 16,
         trial_rounds: int = 5,
         trial_min: int = 256,
         trial_max: int = 4096,
@@ -361,6 +367,9 @@ class AdaptivePolicy:
         self.confirm_max = confirm_max
         self.confirm_min = confirm_min
         self.follow_prior = follow_prior
+        self.follow_strong = follow_strong
+        self.follow_lose = follow_lose
+        self.follow_backoff_max = follow_backoff_max
         self.trial_rounds = trial_rounds
         self.trial_min = trial_min
         self.trial_max = trial_max
@@ -659,6 +668,7 @@ class AdaptivePolicy:
                 s.probes_out = 0
                 s.trial_every = {}
                 self._end_follow_up(s)
+                s.follow_wait = s.follow_backoff = 0
                 return s.current
         # only a regular probe that confirms the choice lengthens the intervals: a follow-up's
         # rounds still in flight when it ended (lag) doubled them 16 -> 256 at once, and a slot
@@ -692,6 +702,15 @@ class AdaptivePolicy:
         s.confirming, s.confirm_rounds, s.streak, s.streak_rounds = False, 0, {}, 0
         s.streak_cost = []
 
+    def _back_off(self, s: Slot) -> None:
+        """A follow-up ended with its rounds behind the current choice by more than a noisy
+        dip (under ``follow_lose`` x it): waive the next weak openings, 1, 2, 4 … up to
+        ``follow_backoff_max`` of them (``_follow_up``). One that ended on a dip, or was capped,
+        backs nothing off: a tree 22 % ahead at bs 8 (H200 2026-12-05, replayed in
+        tests/overlay/test_policy.py on 12 seeds) must keep being followed up."""
+        s.follow_backoff = min(self.follow_backoff_max, max(1, 2 * s.follow_backoff))
+        s.follow_wait = s.follow_backoff
+
     def _best_rate(self, s: Slot, accept: dict[int, float],
                    cost: dict[int, float] | None = None) -> float:
         """Tokens per ms of the best drafting candidate under ``accept``, at the measured costs
@@ -721,7 +740,15 @@ class AdaptivePolicy:
             self._end_follow_up(s)
             return
         if not s.confirming:
-            if self._best_rate(s, accept_by_budget) > bar:
+            rate = self._best_rate(s, accept_by_budget)
+            if rate > bar and s.follow_wait > 0 and rate < self.follow_strong * bar:
+                # after follow-ups that were not adopted, a probe that beats the bar by less
+                # than ``follow_strong`` x opens none until the back-off is spent (H200 §37,
+                # branchy bs 64: opened at 1.03 x the bar after every wave's probe, 5 rounds of
+                # a tree earning 0.08 a ms against no draft's 0.2, adopted 0 of 5: 0.88 x none)
+                s.follow_wait -= 1
+                s.follow_ups["waived"] += 1
+            elif rate > bar:
                 s.confirming = True
                 s.follow_ups["opened"] += 1
             return
@@ -743,9 +770,12 @@ class AdaptivePolicy:
         # margin (``bar``). Ending at the margin too cut follow-ups of a tree 11 % ahead: the
         # mean of a few noisy rounds, looked at every round, dips under a 3 % margin often
         # (H100 §32's bs 8 replayed: 3 of 3 follow-ups ended on one seed, no draft in 91 %)
-        if self._best_rate(s, {n: v / k for n, v in s.streak.items()}, own) <= cur_v:
+        mean_rate = self._best_rate(s, {n: v / k for n, v in s.streak.items()}, own)
+        if mean_rate <= cur_v:
             s.follow_ups["ended"] += 1
             self._end_follow_up(s)
+            if mean_rate < self.follow_lose * cur_v:  # behind by more than a noisy dip
+                self._back_off(s)
             return
         w = self.follow_prior
         shrunk = {n: (w * s.prior.get(n, v / k) + v) / (w + k) for n, v in s.streak.items()
