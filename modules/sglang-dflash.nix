@@ -236,9 +236,10 @@ let
           Maximum concurrently running requests (--max-running-requests). null keeps SGLang's
           default, which is 48 on a speculative server (DFLASH, DDTree): more requests wait in
           its queue, so above 48 at once such a server falls behind no speculation
-          (docs/ddtree.md). Set it to the concurrency the instance serves; each batch size
+          (docs/ddtree.md). Set it above the concurrency the instance serves (a cap equal to
+          it stalled admissions for a whole wave: docs/gpu-results.md §37); each batch size
           above 48 adds CUDA graphs (4B-shaped Qwen3 on an H100 at 64: ~19 s more start,
-          ~1.8 GB more graph memory; docs/gpu-results.md §36).
+          ~1.8 GB more graph memory; §36).
         '';
       };
       servedModelName = mkOption {
