@@ -39,6 +39,10 @@ that earns nothing makes every round a loss, so the budget is chosen per round:
   switched the slot to a tree that then lost until its EMA decayed (H200 §25, bs 8 on branchy:
   budget 31 earned 2.1 a round in 9.8 ms, no draft 8 in 32.4; 12 switches in ~450 rounds, 0.80 x
   DFLASH).
+* A follow-up that ends more than 5 % behind the current choice **backs off**: the slot's next
+  weak openings (a probe under ``follow_strong`` x the bar) are waived, 1, 2, 4 … up to 16 of
+  them, until a switch (H200 §37: at bs 64 on branchy every wave's probe opened one and none was
+  adopted; docs/ddtree.md).
 * The EMAs move by ``alpha`` = 0.05 a round: one round's accept length at bs 1 is noisy (a
   geometric number of drafts), and at 0.2 a few bad rounds made a paying tree fall back
   (simulated in tests/overlay/test_policy.py: half the rounds without a draft).
@@ -289,8 +293,8 @@ class Slot:
     follow_ups: dict[str, int] = field(
         default_factory=lambda: {"opened": 0, "adopted": 0, "ended": 0, "capped": 0,
                                  "waived": 0})
-    follow_wait: int = 0  # weak openings still to waive after follow-ups that were not adopted
-    follow_backoff: int = 0  # the next wait: doubles with each one not adopted
+    follow_wait: int = 0  # weak openings still to waive after a follow-up ended behind
+    follow_backoff: int = 0  # the last wait: doubles with each one ended behind (``_back_off``)
     runs: list[list[int]] = field(default_factory=list)  # recent [budget, rounds] runs
     wall: dict[int, float] = field(default_factory=dict)  # host ms round to round (a check)
     wall_max: dict[int, float] = field(default_factory=dict)  # the longest, pauses included
