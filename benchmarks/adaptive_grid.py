@@ -384,6 +384,8 @@ def grid_cells(results: dict, regimes: list[str], modes: list[str],
                 cell = {"regime": regime, "concurrency": c, "mode": mode,
                         "tok_s": rec["tok_s"], "accept_length": rec.get("accept_length"),
                         "run": run, "boot_id": boot}
+                if rec.get("underfilled_share") is not None:  # benches since 2026-12-06 night
+                    cell["underfilled_share"] = round(rec["underfilled_share"], 4)
                 if mode == "none":
                     cell["shared_across_regimes"] = True
                 cells.append(cell)
@@ -858,7 +860,8 @@ class Grid:
                         "accept_length": s.get("accept_length"),
                         "requests": s.get("requests"), "ok": s.get("ok"),
                         "errors": s.get("errors"), "latency_p50": s.get("latency_p50"),
-                        "itl_p50": s.get("itl_p50")}
+                        "itl_p50": s.get("itl_p50"), "ttft_max": s.get("ttft_max"),
+                        "underfilled_share": s.get("underfilled_share")}
         if res["rc"] != 0:
             row["stderr"] = res["stderr"][-1500:]
         return row
@@ -892,9 +895,14 @@ class Grid:
                 self.results["cells"][cell_key(regime, mode.label, c)] = row | {"regime": regime}
             self.save()
             tok_s, acc = row["tok_s"], row["accept_length"]
+            under = row.get("underfilled_share")
+            stall = (f", under half full {under:.0%} of it (first token after up to "
+                     f"{row.get('ttft_max') or 0:.2f}s)" if under is not None and under > 0.05
+                     else "")
             print(f"[adaptive_grid] {name} c={c}: "
                   f"{'-' if tok_s is None else f'{tok_s:.1f}'} tok/s, accept "
-                  f"{'-' if acc is None else f'{acc:.2f}'} ({row['seconds']}s)", flush=True)
+                  f"{'-' if acc is None else f'{acc:.2f}'} ({row['seconds']}s){stall}",
+                  flush=True)
         return n
 
     # -- phases --

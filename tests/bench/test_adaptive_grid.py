@@ -398,6 +398,9 @@ def test_bench_files_keep_the_summaries_only(runs):
     cell = runs["res1"]["cells"]["chain|ddtree-8|2"]
     assert cell["bench_json"] == "bench-ddtree-8-chain-c2.json" and cell["rc"] == 0
     assert cell["requests"] == cell["ok"] == 8
+    # the stall signals (H200 §37): the longest first-token wait and the share under half full
+    assert 0.0 <= cell["underfilled_share"] <= 1.0 and cell["ttft_max"] > 0.0
+    assert cell["ttft_max"] == pytest.approx(max(r[1] for r in rows), abs=1e-3)  # ms rounding
 
 
 def test_export_writes_four_files(runs):

@@ -16,6 +16,7 @@ from sglang_dflash.bench.stats import (
     percentile,
     ratio,
     summarize,
+    underfilled_share,
 )
 
 
@@ -85,6 +86,29 @@ def test_summarize_counts_only_successes_in_throughput():
     assert s.ttft_p90 == pytest.approx(0.28)
     assert s.itl_p50 == pytest.approx(0.02)
     assert s.accept_length is None
+
+
+def test_underfilled_share_finds_requests_queued_behind_a_wave():
+    # c = 4 for 10 s: four requests 0-5 s, four 5-10 s: always full
+    full = [rec(start=s, latency=5.0) for s in (0, 0, 0, 0, 5, 5, 5, 5)]
+    assert underfilled_share(full, 4, 10.0) == pytest.approx(0.0)
+    # H200 §37's shape: one request of the second wave starts a second late and runs alone at
+    # the end: under half full (fewer than 2 in flight) from 10 s to 11 s
+    stalled = [rec(start=s, latency=5.0) for s in (0, 0, 0, 0, 5, 5, 5)] + [
+        rec(start=6.0, latency=5.0)]
+    assert underfilled_share(stalled, 4, 11.0) == pytest.approx(1.0 / 11.0)
+    # a request with no latency (failed) stays in flight to the end; an empty level is None
+    assert underfilled_share([rec(start=0.0, latency=None)] * 2, 4, 2.0) == pytest.approx(0.0)
+    assert underfilled_share([], 4, 1.0) is None and underfilled_share(full, 4, 0.0) is None
+    s = summarize("a", 4, stalled, duration_s=11.0)
+    assert s.underfilled_share == pytest.approx(1.0 / 11.0)
+
+
+def test_summarize_reports_the_longest_wait_for_a_first_token():
+    s = summarize("a", 2, [rec(latency=1.0, ttft=0.1), rec(latency=2.0, ttft=1.5),
+                           rec(ok=False, ttft=9.0, error="x")], duration_s=2.0)
+    assert s.ttft_max == pytest.approx(1.5)  # failed requests do not count
+    assert summarize("a", 1, [rec(ok=False, error="x")], 1.0).ttft_max is None
 
 
 def test_summarize_all_failed_has_no_rates():

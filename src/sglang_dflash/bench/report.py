@@ -45,12 +45,15 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def summary_table(summaries: Sequence[Summary]) -> str:
     headers = ["config", "conc", "ok/n", "out tok/s", "latency p50/p90/p99 s",
-               "TTFT p50/p90/p99 ms", "ITL p50/p90/p99 ms", "accept len", "accept rate"]
+               "TTFT p50/p90/p99/max ms", "ITL p50/p90/p99 ms", "under half %", "accept len",
+               "accept rate"]
     rows = [[s.config, str(s.concurrency), f"{s.ok}/{s.requests}",
              _f(s.output_tokens_per_s, digits=1),
              _trio(s.latency_p50, s.latency_p90, s.latency_p99, 1.0, 3),
-             _trio(s.ttft_p50, s.ttft_p90, s.ttft_p99, 1000.0, 1),
+             _trio(s.ttft_p50, s.ttft_p90, s.ttft_p99, 1000.0, 1) + "/"
+             + _f(s.ttft_max, 1000.0, 1),
              _trio(s.itl_p50, s.itl_p90, s.itl_p99, 1000.0, 2),
+             _f(s.underfilled_share, 100.0, 0),
              _f(s.accept_length), _f(s.accept_rate, digits=3)] for s in summaries]
     return render_table(headers, rows)
 
