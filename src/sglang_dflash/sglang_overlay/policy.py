@@ -746,10 +746,10 @@ class AdaptivePolicy:
         if not s.confirming:
             rate = self._best_rate(s, accept_by_budget)
             if rate > bar and s.follow_wait > 0 and rate < self.follow_strong * bar:
-                # after follow-ups that were not adopted, a probe that beats the bar by less
-                # than ``follow_strong`` x opens none until the back-off is spent (H200 §37,
-                # branchy bs 64: opened at 1.03 x the bar after every wave's probe, 5 rounds of
-                # a tree earning 0.08 a ms against no draft's 0.2, adopted 0 of 5: 0.88 x none)
+                # after a follow-up ended behind, a probe that beats the bar by less than
+                # ``follow_strong`` x opens none until the back-off is spent (H200 §37, branchy
+                # bs 64: a follow-up after every wave's probe, 1.03 x the bar in the replay, 5
+                # rounds of a tree earning 0.08 a ms against no draft's 0.2, adopted 0 of 5)
                 s.follow_wait -= 1
                 s.follow_ups["waived"] += 1
             elif rate > bar:
