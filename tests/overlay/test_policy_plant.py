@@ -160,8 +160,8 @@ def test_follow_ups_that_keep_losing_back_off():
     round 1.03-1.34 x the bar in this replay), 5 rounds of a tree earning 0.08-0.14 a ms
     against no draft's 0.2-0.23, never adopted ("15x1 0x1 15x5 0x29" over and over; 0.93 /
     0.88 x none). A follow-up that ends more than 5 % behind now waives the next weak
-    openings (1, 2, 4 …);
-    a strong one (2 x the bar: a regime change to chain) still opens. Replayed with §37's
+    openings (1, 2, 4 …); a strong one (2 x the bar: a regime change to chain) still opens.
+    Replayed with §37's
     costs: branchy bs 32 / 64 0.964 / 0.917 without the back-off, 0.99 / 0.954 with it."""
     without = grid_h200(AdaptivePolicy(auto_schedule(64), nodraft_tokens=NODRAFT_TOKENS,
                                        follow_lose=0.0))
