@@ -73,7 +73,7 @@ def underfilled_share(records: Sequence[RequestRecord], concurrency: int,
         start = min(max(r.start, 0.0), duration_s)
         end = duration_s if r.latency is None else min(max(r.start + r.latency, start), duration_s)
         events += [(start, 1), (end, -1)]
-    events.sort(key=lambda e: (e[0], e[1]))  # an end before a start at the same instant
+    events.sort()  # by time; at one instant an end (-1) before a start (+1)
     low, inflight, last = 0.0, 0, 0.0
     for t, d in events:
         if 2 * inflight < concurrency:
