@@ -639,6 +639,22 @@ def test_host_wall_time_is_reported_beside_the_meter_and_not_used():
     assert pol.slot(1).current == current  # the decision reads the meter only
 
 
+def test_the_wall_of_a_round_after_a_prefill_is_kept_apart():
+    """H200 §37: a wave's probe is the first round after its prefill, and its 55-77 ms wall
+    (GPU cost ~5 ms) holds the prefill's forward under the overlap schedule."""
+    pol = AdaptivePolicy(parse_schedule("1:0,31", 31), nodraft_tokens=8)
+    pol.observe_wall(16, 0, 32.0)
+    pol.observe_wall(16, 31, 70.0, after_prefill=True)
+    pol.observe_wall(16, 31, 66.0, after_prefill=True)
+    pol.observe_wall(16, 31, 11.0)
+    one = pol.summary()["16"]
+    assert one["wall_ms"] == {"0": 32.0, "31": 11.0}
+    assert one["wall_after_prefill_ms"] == {"31": 69.8}  # its own EMA at alpha 0.05
+    assert one["wall_max_ms"] == {"0": 32.0, "31": 11.0} and one["stalls"] == 0
+    assert "wall_after_prefill_ms" not in AdaptivePolicy(
+        parse_schedule("1:0,31", 31), nodraft_tokens=8).summary().get("16", {})
+
+
 def serve_arrivals(cost, top, bs, nreq, mean, seed=0, lag=3):
     """``bs`` requests of 256 tokens at once under the automatic schedule of N = 64, the next
     one starting as one ends (``nreq`` in all, arrivals spread out as in the grid's levels);

@@ -299,6 +299,9 @@ class Slot:
     wall: dict[int, float] = field(default_factory=dict)  # host ms round to round (a check)
     wall_max: dict[int, float] = field(default_factory=dict)  # the longest, pauses included
     stalls: int = 0  # host walls the pause rule left out of the EMA
+    # the walls of rounds right after a prefill, apart: under SGLang's overlap schedule such a
+    # round's wall also waits out the prefill's forward (``observe_wall``)
+    wall_after_prefill: dict[int, float] = field(default_factory=dict)
     warm_from: int = 0  # the padded batch size whose EMAs it started from (0: a cold start)
     borrowed: set[int] = field(default_factory=set)  # budgets whose cost is still borrowed
     own: dict[int, int] = field(default_factory=dict)  # own steady rounds in the accept EMA
@@ -682,16 +685,26 @@ class AdaptivePolicy:
             s.fresh_every = min(self.probe_max, s.fresh_every * 2)
         return s.current
 
-    def observe_wall(self, padded_bs: int, ran: int, wall_ms: float) -> None:
+    def observe_wall(self, padded_bs: int, ran: int, wall_ms: float,
+                     after_prefill: bool = False) -> None:
         """The host's time from one round's choice to the next one's (no prefill between): an
         EMA per budget, reported beside the meter's GPU-event cost and not used to decide.
         Where they differ the meter misses part of a round (H200 §25: at bs 32 the decode log
         showed ~37 ms a round where the meter said 34.7). A gap the meter's rule calls a pause
-        (``is_pause`` against the EMA) is not a sample."""
-        s = self.slot(padded_bs)
-        old = s.wall.get(ran)
+        (``is_pause`` against the EMA) is not a sample.
+
+        ``after_prefill``: the round is the first after a prefill. Under the overlap schedule
+        SGLang launches it, then waits for the prefill's result before it launches the next
+        round, so its wall holds the rest of the prefill's forward — the suspect behind the
+        probes' 55-77 ms walls where their GPU cost was ~5 ms (H200 §37: a wave's probe is the
+        round after its prefill). Kept apart (``wall_after_prefill_ms``), out of the EMA."""
         if wall_ms <= 0:
             return
+        s = self.slot(padded_bs)
+        if after_prefill:
+            s.wall_after_prefill[ran] = ema(s.wall_after_prefill.get(ran), wall_ms, self.alpha)
+            return
+        old = s.wall.get(ran)
         # the longest and the count of pauses, for the summary: a request waiting 0.5 s for
         # its first token (H200 2026-12-05, absent c = 32: TTFT p90 0.53 s against none's
         # 0.16) left no trace in the EMA, which leaves such gaps out
@@ -803,6 +816,9 @@ class AdaptivePolicy:
                 "cost_ms": {str(n): round(v, 3) for n, v in sorted(s.cost.items())},
                 "wall_ms": {str(n): round(v, 3) for n, v in sorted(s.wall.items())},
                 "wall_max_ms": {str(n): round(v, 1) for n, v in sorted(s.wall_max.items())},
+                **({"wall_after_prefill_ms": {str(n): round(v, 3) for n, v in
+                                              sorted(s.wall_after_prefill.items())}}
+                   if s.wall_after_prefill else {}),
                 "stalls": s.stalls,
                 "rounds": s.rounds,
                 "switches": s.switches,

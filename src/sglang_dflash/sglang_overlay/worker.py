@@ -326,7 +326,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._active_budget = budget
         self._policy_rounds = 0
         self._seen_rids: set = set()  # requests a top-budget round has measured
-        self._wall_prev: tuple[float, int, int] | None = None  # (perf_counter, slot, budget)
+        # (perf_counter, slot, budget, first round after a prefill)
+        self._wall_prev: tuple[float, int, int, bool] | None = None
+        self._after_prefill = False
         # (pool, kernel) | None once resolved: the target's KV pool exists only after
         # SGLang's Scheduler.init_memory_pools, which runs after this constructor.
         self._compaction = _UNRESOLVED
@@ -679,9 +681,10 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         n = self._policy.choose(key, fresh).budget
         now = time.perf_counter()
         if self._wall_prev is not None:  # the previous round, choice to choice on the host
-            t0, prev_key, prev_n = self._wall_prev
-            self._policy.observe_wall(prev_key, prev_n, (now - t0) * 1e3)
-        self._wall_prev = (now, key, n)
+            t0, prev_key, prev_n, prev_first = self._wall_prev
+            self._policy.observe_wall(prev_key, prev_n, (now - t0) * 1e3, prev_first)
+        self._wall_prev = (now, key, n, self._after_prefill)
+        self._after_prefill = False
         if n == self._policy.schedule.candidates(key)[-1]:
             self._seen_rids = set(rids)  # this round measures every request in the batch
         self._policy_rounds += 1
@@ -737,6 +740,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             if self._meter is not None:
                 self._meter.interrupt()  # the open round's cost would include this forward
                 self._wall_prev = None  # and so would its host time
+                self._after_prefill = True  # the next round's wall waits out this forward
             if self._round_steps is not None:
                 self._round_steps.other_forward()  # the last round is processed meanwhile
             return super().forward_batch_generation(batch, on_publish, grammar_barrier)
