@@ -640,8 +640,8 @@ def test_host_wall_time_is_reported_beside_the_meter_and_not_used():
 
 
 def test_the_wall_of_a_round_after_a_prefill_is_kept_apart():
-    """H200 §37: a wave's probe is the first round after its prefill, and its 55-77 ms wall
-    (GPU cost ~5 ms) holds the prefill's forward under the overlap schedule."""
+    """H200 §37: a wave's probe is the first round after its prefill; under the overlap
+    schedule its 55-77 ms wall holds the rest of the prefill's forward."""
     pol = AdaptivePolicy(parse_schedule("1:0,31", 31), nodraft_tokens=8)
     pol.observe_wall(16, 0, 32.0)
     pol.observe_wall(16, 31, 70.0, after_prefill=True)
