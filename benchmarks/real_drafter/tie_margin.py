@@ -29,8 +29,11 @@ gap of logits says nothing here. At the first divergence the sampler itself (our
 ``verify.seeded_node_targets`` with SGLang's ``multinomial_with_seed``, as the servers ran it:
 position = prefix length - 1) draws from the fp32 logits, the bf16 ones, the fp32 ones with a
 and b pushed eps apart either way, and ``SEEDED_DRAWS`` copies with uniform noise in
-[-eps, eps] on every logit (``SEEDED_SPREAD_DRAWS`` more where those scatter and miss a or b:
-``judge_seeded``). Verdict ``numerics`` when both a and b are among those draws (each
+[-eps, eps] on every logit; where a or b is not among them, its witness rows (``witness_rows``:
+only that token's logit moved within +-2 eps, which softmax cannot tell from every logit
+moved within +-eps; without top-k/top-p the move up by 2 eps is the most favourable one, so the
+verdict is then exact), then ``SEEDED_SPREAD_DRAWS`` more noisy copies where the draws scatter:
+``judge_seeded``. Verdict ``numerics`` when both a and b are among those draws (each
 server's token is what the sampler gives within bf16's error), else ``mismatch``. Needs SGLang
 importable (the GPU host's site) when seeded rows diverge.
 
@@ -54,6 +57,7 @@ VERDICTS = ("identical", "numerics", "mismatch")
 SEEDED_DRAWS = 64  # noisy copies of the fp32 logits the seeded sampler draws from
 SEEDED_SPREAD_DRAWS = 3072  # more where the draws scatter and a or b is missing (judge_seeded)
 SEEDED_CHUNK = 512  # rows drawn at once (a vocabulary-wide row each)
+WITNESS_MAX = 1024  # witness rows per token at most (the nearest logits' boundaries first)
 SEEDED_KIND = "seeded"
 
 
@@ -225,6 +229,7 @@ class SeededJudged(JudgedAt):
     draws: int
     verdict: str
     other: int = 0  # draws that gave neither a nor b: many means the draw moves among many tokens
+    witnesses: int = 0  # of the draws, witness rows (``witness_rows``) for a missing a or b
 
 
 def find_seeded_divergences(
@@ -271,16 +276,47 @@ def find_seeded_divergences(
     return divs, identical, unjudged
 
 
+def witness_rows(l32, t: int, eps: float, limit: int = WITNESS_MAX):
+    """Copies of the fp32 row ``l32`` with only token ``t``'s logit moved, within
+    ``[l_t - 2 eps, l_t + 2 eps]``: to both ends and to just above and just below every other
+    logit in that range (the nearest ``limit // 2`` of them), so ``t`` takes every rank it can
+    reach. Softmax cannot tell ``t`` moved by 2d from ``t`` moved by d and every other logit by
+    -d, so each row is the fp32 logits with every logit within eps: a draw of ``t`` from one is a
+    draw within bf16's error. Without top-k/top-p (Gumbel-max over token ids) the row with ``t``
+    up by 2 eps is the most favourable such perturbation for ``t``: none of them drawing ``t``
+    means no perturbation within eps does. With truncation (noise by rank) they are witnesses,
+    not a proof. ``[k, V]`` float32; pure."""
+    import torch
+
+    row = l32.to(torch.float32)
+    lt = float(row[t])
+    lo, hi = lt - 2.0 * eps, lt + 2.0 * eps
+    near = (row > lo) & (row < hi)
+    near[t] = False
+    vals = row[near]
+    vals = vals[(vals - lt).abs().argsort()[: max(0, limit // 2)]]
+    cands = torch.cat([torch.tensor([lo, hi], dtype=torch.float32),
+                       torch.nextafter(vals, torch.full_like(vals, float("inf"))),
+                       torch.nextafter(vals, torch.full_like(vals, float("-inf")))])
+    cands = cands.clamp(lo, hi)
+    rows = row.unsqueeze(0).repeat(cands.numel(), 1)
+    rows[:, t] = cands
+    return rows
+
+
 def judge_seeded(d: SeededDivergence, lg: Logits, seeded, draws: int = SEEDED_DRAWS,
                  noise_seed: int = 0, device: str = "cpu",
-                 spread_draws: int = SEEDED_SPREAD_DRAWS) -> SeededJudged:
+                 spread_draws: int = SEEDED_SPREAD_DRAWS,
+                 witness_limit: int = WITNESS_MAX) -> SeededJudged:
     """The seeded sampler's draws from this prefix's logits within bf16's error (see the module
     docstring). ``seeded`` is SGLang's ``multinomial_with_seed`` (a stand-in in CPU tests),
     which hashes with a CUDA-only Triton kernel: the draws run on ``device``, the forwards'.
 
-    Where the draws scatter (a and b together under half of them) and a or b is not among
-    them, ``spread_draws`` more are made, every logit still within eps of the fp32 ones, a third
-    with a missing token pushed up by eps (a third each if both are): at a position whose draw
+    Where a or b is not among the first draws, its ``witness_rows`` are drawn from (the token's
+    logit alone moved within +-2 eps: exact without top-k/top-p). Where the draws scatter (a and
+    b together under half of them) and a or b is still missing, ``spread_draws`` more are made,
+    every logit still within eps of the fp32 ones, a third with a missing token pushed up by eps
+    (a third each if both are): at a position whose draw
     moves among many near-equal tokens (H200 §37: 6 of 68 draws gave a, none b, 62 others) 68
     draws cannot tell a token the sampler never gives from one it gives rarely."""
     import torch
@@ -302,6 +338,17 @@ def judge_seeded(d: SeededDivergence, lg: Logits, seeded, draws: int = SEEDED_DR
     hits_a = sum(1 for t in got if t == d.a)
     hits_b = sum(1 for t in got if t == d.b)
     spread = 2 * (hits_a + hits_b) < len(got)
+    witnesses = 0
+    if d.a is not None and d.b is not None and min(hits_a, hits_b) == 0 and eps > 0 \
+            and witness_limit > 0:  # eps 0: no logit may move
+        for t in [t for t, hits in ((d.a, hits_a), (d.b, hits_b)) if hits == 0]:
+            rows_t = witness_rows(l32, t, eps, witness_limit)
+            witnesses += rows_t.shape[0]
+            for start in range(0, rows_t.shape[0], SEEDED_CHUNK):
+                more = _seeded_draws(d, rows_t[start:start + SEEDED_CHUNK], seeded, device)
+                got += more
+                hits_a += sum(1 for x in more if x == d.a)
+                hits_b += sum(1 for x in more if x == d.b)
     if d.a is not None and d.b is not None and spread and min(hits_a, hits_b) == 0:
         missing = [t for t, hits in ((d.a, hits_a), (d.b, hits_b)) if hits == 0]
         for start in range(0, spread_draws, SEEDED_CHUNK):
@@ -320,7 +367,7 @@ def judge_seeded(d: SeededDivergence, lg: Logits, seeded, draws: int = SEEDED_DR
         mode=d.mode, backend=d.backend, kind=SEEDED_KIND, prompt=d.prompt, position=d.position,
         prefix_len=len(d.prefix), a=d.a, b=d.b, eps=eps, draw32=got[0], draw16=got[1],
         hits_a=hits_a, hits_b=hits_b, draws=len(got), verdict="numerics" if ok else "mismatch",
-        other=len(got) - hits_a - hits_b)
+        other=len(got) - hits_a - hits_b, witnesses=witnesses)
 
 
 def _seeded_draws(d: SeededDivergence, logits, seeded, device: str) -> list[int]:

@@ -350,19 +350,79 @@ def test_judge_seeded_draws_more_where_the_draw_scatters():
     l16 = list(l32)
     l16[299] += 1e-3  # eps is measured over the fp32 top 8
     lg = tm.Logits(l32, l16)
-    base = tm.judge_seeded(_sdiv(7, 250), lg, toy_seeded, spread_draws=0)
+    first = {"spread_draws": 0, "witness_limit": 0}  # the first draws only
+    base = tm.judge_seeded(_sdiv(7, 250), lg, toy_seeded, **first)
     assert base.draws == 4 + tm.SEEDED_DRAWS and base.other > base.draws // 2
     missed = [b for b in range(1, 300) if b != 7 and tm.judge_seeded(
-        _sdiv(7, b), lg, toy_seeded, spread_draws=0).hits_b == 0][:3]
+        _sdiv(7, b), lg, toy_seeded, **first).hits_b == 0][:3]
     assert missed  # most near-tied tokens are not among the first draws
     for b in missed:
         j = tm.judge_seeded(_sdiv(7, b), lg, toy_seeded)
         assert j.verdict == "numerics" and j.hits_a > 0 and j.hits_b > 0
-        assert 4 + tm.SEEDED_DRAWS < j.draws <= 4 + tm.SEEDED_DRAWS + tm.SEEDED_SPREAD_DRAWS
+        assert 4 + tm.SEEDED_DRAWS < j.draws <= (4 + tm.SEEDED_DRAWS + j.witnesses
+                                                 + tm.SEEDED_SPREAD_DRAWS)
     # a token outside the near-tied set is never drawn, however many draws: a real bug
     far = tm.judge_seeded(_sdiv(7, 350), lg, toy_seeded)
     assert far.verdict == "mismatch" and far.hits_b == 0
-    assert far.draws == 4 + tm.SEEDED_DRAWS + tm.SEEDED_SPREAD_DRAWS
+    # its witnesses move it only among the 99 other tokens at -9.0 (2 ends + 2 x 99 rows),
+    # nowhere near the top: none draws it
+    assert tm.witness_rows(torch.tensor(l32), 350, far.eps).shape[0] == 200 <= far.witnesses
+    assert far.draws == 4 + tm.SEEDED_DRAWS + far.witnesses + tm.SEEDED_SPREAD_DRAWS
+
+
+def _toy_gumbel(seed: int, position: int, vocab: int) -> torch.Tensor:
+    """The stand-in sampler's noise per token id (tests/ddtree/toy_models.py's hash)."""
+    cols = torch.arange(vocab, dtype=torch.int64)
+    h = (seed * 0x9E3779B1 + position * 0x85EBCA77 + cols * 0xC2B2AE3D) & 0xFFFFFFFF
+    for shift, mul in ((16, 0x7FEB352D), (15, 0x846CA68B), (16, 1)):
+        h = ((h ^ (h >> shift)) * mul) & 0xFFFFFFFF
+    return -torch.log(-torch.log((h.double() + 0.5) / 2**32))
+
+
+def test_witness_rows_find_what_no_noisy_draw_does_and_prove_absence_without_truncation():
+    # Without top-p the draw is argmax(l / T + g) over token ids. 40 tokens tie a at the top of
+    # that score and b sits 1.9 eps / T below it: b wins only if it rises ~eps while all 40
+    # fall ~eps at once, which no uniform noise does, but b's logit alone up by 2 eps (the
+    # same softmax as b up eps and the rest down eps) draws b: numerics, found by a witness.
+    vocab, temp, eps = 400, 0.8, 1e-2
+    d = tm.SeededDivergence(mode="seeded:dflash", backend="triton", prompt=0, position=0,
+                            prefix=(3, 4), a=5, b=9, temperature=temp, top_p=1.0, seed=1000)
+    g = _toy_gumbel(1000, len(d.prefix) - 1, vocab)
+    top = 4.0
+    l32 = torch.full((vocab,), -30.0, dtype=torch.float64)
+    for t in range(10, 50):  # 40 tokens whose score ties a's (each a hair below it)
+        l32[t] = temp * (top - 1e-6 - g[t])
+    l32[5] = temp * (top - g[5])
+    l32[9] = temp * (top - g[9]) - 1.9 * eps
+    l32 = l32.float().tolist()
+    lg = tm.Logits(l32, [x + eps for x in l32])  # bf16 off by eps on every logit
+    j = tm.judge_seeded(d, lg, toy_seeded)
+    assert j.draw32 == 5 and j.verdict == "numerics" and j.hits_b >= 1
+    assert j.witnesses >= 2 and j.draws == 4 + tm.SEEDED_DRAWS + j.witnesses  # no spread draws
+    # without the witnesses (the judge before them) 3,136 noisy draws never give b
+    blind = tm.judge_seeded(d, lg, toy_seeded, witness_limit=0)
+    assert blind.verdict == "mismatch" and blind.hits_b == 0
+    assert blind.draws == 4 + tm.SEEDED_DRAWS + tm.SEEDED_SPREAD_DRAWS
+    # 2.1 eps below: out of reach of any perturbation within eps; without truncation the
+    # witness rows prove it, and the spread draws cannot find it either
+    l32_far = list(l32)
+    l32_far[9] = float(temp * (top - g[9]) - 2.1 * eps)
+    far = tm.judge_seeded(d, tm.Logits(l32_far, [x + eps for x in l32_far]), toy_seeded)
+    assert far.verdict == "mismatch" and far.hits_b == 0 and far.witnesses >= 2
+
+
+def test_witness_rows_move_one_token_to_every_rank_within_two_eps():
+    l32 = torch.tensor([0.0, 1.0, 1.015, 0.99, 0.5, 1.03])
+    rows = tm.witness_rows(l32, 1, 0.01)
+    others = torch.cat([rows[:, :1], rows[:, 2:]], dim=1)
+    assert torch.equal(others, torch.cat([l32[:1], l32[2:]]).repeat(rows.shape[0], 1))
+    moved = sorted(rows[:, 1].tolist())
+    assert moved[0] == pytest.approx(0.98) and moved[-1] == pytest.approx(1.02)
+    # just above and below 1.015 and 0.99 (within 2 eps); 1.03 and 0.5 are out of reach
+    assert rows.shape[0] == 2 + 2 * 2
+    assert any(0.99 < v < 0.9901 for v in moved) and any(0.9899 < v < 0.99 for v in moved)
+    assert any(1.015 < v < 1.0151 for v in moved) and any(1.0149 < v < 1.015 for v in moved)
+    assert tm.witness_rows(l32, 1, 0.01, limit=2).shape[0] == 2 + 2  # the nearest one only
 
 
 def test_summary_counts_seeded_rows_beside_greedy():
