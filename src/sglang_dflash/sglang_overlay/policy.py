@@ -696,9 +696,9 @@ class AdaptivePolicy:
         ``after_prefill``: the round is the first after a prefill. Under the overlap schedule
         SGLang launches it, then waits for the prefill's result before it launches the next
         round, so its wall holds the rest of the prefill's forward — the suspect behind the
-        probes' 55-77 ms walls (H200 §37: a wave's probe is the round after its prefill, and
-        the meter kept no cost of its own for it: the slot's figure for that budget was still
-        the one borrowed from bs 1). Kept apart (``wall_after_prefill_ms``), out of the EMA."""
+        probes' 55-77 ms walls (H200 §37: a wave's probe is the round after its prefill; a
+        regular probe's cost is not a sample, so the slot's cost for that budget was still the
+        one borrowed from bs 1). Kept apart (``wall_after_prefill_ms``), out of the EMA."""
         if wall_ms <= 0:
             return
         s = self.slot(padded_bs)
