@@ -78,15 +78,21 @@ class OracleDrafter:
         return out
 
 
-def toy_multinomial_with_seed(logprobs, seeds, positions):
-    """A stand-in for SGLang's ``multinomial_with_seed`` (which hashes seed, position and column
-    with murmur3, a CUDA-only Triton kernel): Gumbel-max over a hash of the same three keys.
-    The probe against real SGLang (tests/overlay/sglang_seeded_probe.py) uses the real one."""
-    m = logprobs.shape[1]
+def toy_gumbel(seeds, positions, m: int):
+    """The stand-in sampler's Gumbel noise, ``[rows, m]`` float64: a hash of (seed, position,
+    column) per row and column, as ``toy_multinomial_with_seed`` adds it."""
     cols = torch.arange(m, dtype=torch.int64).view(1, -1)
     h = (seeds.view(-1, 1).long() * 0x9E3779B1 + positions.view(-1, 1).long() * 0x85EBCA77
          + cols * 0xC2B2AE3D) & 0xFFFFFFFF
     for shift, mul in ((16, 0x7FEB352D), (15, 0x846CA68B), (16, 1)):
         h = ((h ^ (h >> shift)) * mul) & 0xFFFFFFFF
     u = (h.double() + 0.5) / 2**32
-    return (logprobs.double() - torch.log(-torch.log(u))).argmax(-1, keepdim=True)
+    return -torch.log(-torch.log(u))
+
+
+def toy_multinomial_with_seed(logprobs, seeds, positions):
+    """A stand-in for SGLang's ``multinomial_with_seed`` (which hashes seed, position and column
+    with murmur3, a CUDA-only Triton kernel): Gumbel-max over a hash of the same three keys.
+    The probe against real SGLang (tests/overlay/sglang_seeded_probe.py) uses the real one."""
+    noise = toy_gumbel(seeds, positions, logprobs.shape[1])
+    return (logprobs.double() + noise).argmax(-1, keepdim=True)

@@ -23,6 +23,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))  # benchmarks/ has no __init__.py
 
 from real_drafter import tie_margin as tm  # noqa: E402
 
+from ..ddtree.toy_models import toy_gumbel  # noqa: E402
 from ..ddtree.toy_models import toy_multinomial_with_seed as toy_seeded  # noqa: E402
 from .test_real_drafter import toy  # noqa: E402, F401  (the module-scoped toy pair fixture)
 
@@ -370,15 +371,6 @@ def test_judge_seeded_draws_more_where_the_draw_scatters():
     assert far.draws == 4 + tm.SEEDED_DRAWS + far.witnesses + tm.SEEDED_SPREAD_DRAWS
 
 
-def _toy_gumbel(seed: int, position: int, vocab: int) -> torch.Tensor:
-    """The stand-in sampler's noise per token id (tests/ddtree/toy_models.py's hash)."""
-    cols = torch.arange(vocab, dtype=torch.int64)
-    h = (seed * 0x9E3779B1 + position * 0x85EBCA77 + cols * 0xC2B2AE3D) & 0xFFFFFFFF
-    for shift, mul in ((16, 0x7FEB352D), (15, 0x846CA68B), (16, 1)):
-        h = ((h ^ (h >> shift)) * mul) & 0xFFFFFFFF
-    return -torch.log(-torch.log((h.double() + 0.5) / 2**32))
-
-
 def test_witness_rows_find_what_no_noisy_draw_does_and_prove_absence_without_truncation():
     # Without top-p the draw is argmax(l / T + g) over token ids. 40 tokens tie a at the top of
     # that score and b sits 1.9 eps / T below it: b wins only if it rises ~eps while all 40
@@ -387,7 +379,7 @@ def test_witness_rows_find_what_no_noisy_draw_does_and_prove_absence_without_tru
     vocab, temp, eps = 400, 0.8, 1e-2
     d = tm.SeededDivergence(mode="seeded:dflash", backend="triton", prompt=0, position=0,
                             prefix=(3, 4), a=5, b=9, temperature=temp, top_p=1.0, seed=1000)
-    g = _toy_gumbel(1000, len(d.prefix) - 1, vocab)
+    g = toy_gumbel(torch.tensor([1000]), torch.tensor([len(d.prefix) - 1]), vocab)[0]
     top = 4.0
     l32 = torch.full((vocab,), -30.0, dtype=torch.float64)
     for t in range(10, 50):  # 40 tokens whose score ties a's (each a hair below it)
