@@ -325,7 +325,8 @@ def judge_seeded(d: SeededDivergence, lg: Logits, seeded, draws: int = SEEDED_DR
     l16 = torch.tensor(lg.l16, dtype=torch.float32)
     eps = bf16_eps(lg)
     rows = [l32, l16]
-    if d.a is not None and d.b is not None:
+    pair = d.a is not None and d.b is not None
+    if pair:
         for sign in (1.0, -1.0):  # a and b pushed eps apart, either way
             r = l32.clone()
             r[d.a] += sign * eps
@@ -335,34 +336,30 @@ def judge_seeded(d: SeededDivergence, lg: Logits, seeded, draws: int = SEEDED_DR
     noise = (torch.rand((draws, l32.numel()), generator=gen) * 2 - 1) * eps
     got = _seeded_draws(d, torch.cat([torch.stack(rows), l32.unsqueeze(0) + noise]), seeded,
                         device)
-    hits_a = sum(1 for t in got if t == d.a)
-    hits_b = sum(1 for t in got if t == d.b)
-    spread = 2 * (hits_a + hits_b) < len(got)
+    spread = 2 * (got.count(d.a) + got.count(d.b)) < len(got)
+
+    def missing() -> list[int]:  # a or b, where no draw so far gave it
+        return [t for t in (d.a, d.b) if got.count(t) == 0] if pair else []
+
     witnesses = 0
-    if d.a is not None and d.b is not None and min(hits_a, hits_b) == 0 and eps > 0 \
-            and witness_limit > 0:  # eps 0: no logit may move
-        for t in [t for t, hits in ((d.a, hits_a), (d.b, hits_b)) if hits == 0]:
+    if eps > 0 and witness_limit > 0:  # eps 0: no logit may move
+        for t in missing():
             rows_t = witness_rows(l32, t, eps, witness_limit)
             witnesses += rows_t.shape[0]
             for start in range(0, rows_t.shape[0], SEEDED_CHUNK):
-                more = _seeded_draws(d, rows_t[start:start + SEEDED_CHUNK], seeded, device)
-                got += more
-                hits_a += sum(1 for x in more if x == d.a)
-                hits_b += sum(1 for x in more if x == d.b)
-    if d.a is not None and d.b is not None and spread and min(hits_a, hits_b) == 0:
-        missing = [t for t, hits in ((d.a, hits_a), (d.b, hits_b)) if hits == 0]
+                got += _seeded_draws(d, rows_t[start:start + SEEDED_CHUNK], seeded, device)
+    lost = missing() if spread else []
+    if lost:
         for start in range(0, spread_draws, SEEDED_CHUNK):
             k = min(SEEDED_CHUNK, spread_draws - start)
             extra = l32.unsqueeze(0) + (torch.rand((k, l32.numel()), generator=gen) * 2 - 1) * eps
-            for i, t in enumerate(missing):  # a third each pushed up, the rest still noisy
+            for i, t in enumerate(lost):  # a third each pushed up, the rest still noisy
                 extra[i * k // 3:(i + 1) * k // 3, t] = l32[t] + eps
-            more = _seeded_draws(d, extra, seeded, device)
-            got += more
-            hits_a += sum(1 for t in more if t == d.a)
-            hits_b += sum(1 for t in more if t == d.b)
-            if hits_a and hits_b:
+            got += _seeded_draws(d, extra, seeded, device)
+            if not missing():
                 break
-    ok = d.a is not None and d.b is not None and hits_a > 0 and hits_b > 0
+    hits_a, hits_b = got.count(d.a), got.count(d.b)
+    ok = pair and hits_a > 0 and hits_b > 0
     return SeededJudged(
         mode=d.mode, backend=d.backend, kind=SEEDED_KIND, prompt=d.prompt, position=d.position,
         prefix_len=len(d.prefix), a=d.a, b=d.b, eps=eps, draw32=got[0], draw16=got[1],
