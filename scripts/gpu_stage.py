@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
 import hashlib
 import json
 import re
@@ -50,6 +51,13 @@ TARBALL = "sglang-dflash-stage.tar.gz"
 MIB = 1024 * 1024
 # what one device call may carry beside the working tree: 64 MiB, 2 MiB to spare
 CALL_ROOM = 62 * MIB
+# Every file of the tarball gets this mtime (2026-01-01 UTC). FlashInfer JIT-builds its kernels
+# with ninja (`deps = gcc`), which rebuilds a module whose headers are newer than its objects;
+# with the staging time as the headers' mtime every restored JIT cache was older than its own
+# headers, and each fresh card rebuilt every module (gpu-results §25: 259 s to the first server
+# with the cache, 261 without; §38: 213 s). A fixed time before any cache was built keeps a
+# restored cache valid, as the Nix store's mtime 1 does; it also makes the tarball reproducible.
+STAGE_MTIME = 1_767_225_600
 
 # The interpreter and platform of the H200 host (docs/gpu-staging.md, KINDS.md).
 HOST_ENV = {
@@ -638,10 +646,23 @@ def tree_size(root: Path) -> tuple[int, int]:
     return sum(p.stat().st_size for p in files), len(files)
 
 
+def fixed_member(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    """A member as every staging run writes it: STAGE_MTIME, owned by root (see STAGE_MTIME)."""
+    info.mtime = STAGE_MTIME
+    info.uid = info.gid = 0
+    info.uname = info.gname = "root"
+    return info
+
+
 def pack(site: Path, tarball: Path, level: int) -> None:
-    with tarfile.open(tarball, "w:gz", compresslevel=level) as tar:
+    """The site as one gzip tarball, byte-identical for the same files (gzip header mtime 0)."""
+    with (
+        tarball.open("wb") as raw,
+        gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=level, mtime=0) as gz,
+        tarfile.open(fileobj=gz, mode="w") as tar,
+    ):
         for p in sorted(site.iterdir()):
-            tar.add(p, arcname=p.name)
+            tar.add(p, arcname=p.name, filter=fixed_member)
 
 
 def write_sums(out: Path, files: list[Path]) -> dict[str, str]:
