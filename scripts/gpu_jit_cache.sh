@@ -2,10 +2,12 @@
 # Runs ON the GPU host: keep the JIT caches between leases, so a fresh machine's first server
 # start does not rebuild them. On the H200 a fresh machine's first server takes ~260 s to be
 # ready where a later one takes 60-110 s: ~100 s more capturing its CUDA graphs and ~95 s more
-# on its first request (docs/gpu-results.md §25). Restoring FlashInfer's, Triton's and
-# tvm-ffi's caches alone did not shorten it (259 s with them, 261 s without), so `save` now
-# also keeps TorchInductor's cache (SGLang compiles a few helpers with torch.compile) and
-# CUDA's PTX cache (~/.nv/ComputeCache), and prints the size of every candidate, kept or not.
+# on its first request (docs/gpu-results.md §25). Restoring the caches did not shorten it
+# until the staged files got a fixed mtime (gpu_stage.py STAGE_MTIME, §39): FlashInfer runs
+# ninja on every load, and headers stamped at staging time were newer than any cached object,
+# so every module was rebuilt. `save` also keeps TorchInductor's cache (SGLang compiles a few
+# helpers with torch.compile) and CUDA's PTX cache (~/.nv/ComputeCache), and prints the size
+# of every candidate, kept or not.
 #
 #   gpu_jit_cache.sh save <out-dir>       tar the caches into <out-dir>/jit-cache.tgz (+ .sha256)
 #   gpu_jit_cache.sh restore <tgz>        unpack them (checksum first)
