@@ -572,13 +572,19 @@ def render_argv(cfg: InstanceConfig) -> list[str]:
 
 
 def cache_env(cache_dir: str) -> dict[str, str]:
-    """Per-instance cache locations for every JIT and download cache SGLang touches."""
+    """Per-instance cache locations for every JIT and download cache SGLang touches.
+
+    SGLang 0.5.17's own JIT kernels (sglang/kernels/jit, built through tvm-ffi) read
+    TVM_FFI_CACHE_DIR, else the literal ~/.cache/tvm-ffi: without it they land in $HOME (the
+    unit's state directory), not with the other compiled code.
+    """
     return {
         "XDG_CACHE_HOME": cache_dir,
         "HF_HOME": f"{cache_dir}/huggingface",
         "TRITON_CACHE_DIR": f"{cache_dir}/triton",
         "FLASHINFER_WORKSPACE_BASE": f"{cache_dir}/flashinfer",
         "TORCHINDUCTOR_CACHE_DIR": f"{cache_dir}/inductor",
+        "TVM_FFI_CACHE_DIR": f"{cache_dir}/tvm-ffi",
     }
 
 

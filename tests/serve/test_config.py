@@ -189,6 +189,7 @@ def test_every_typed_key_renders():
     assert env["TRITON_CACHE_DIR"] == "/var/cache/x/triton"
     assert env["TORCHINDUCTOR_CACHE_DIR"] == "/var/cache/x/inductor"
     assert env["FLASHINFER_WORKSPACE_BASE"] == "/var/cache/x/flashinfer"
+    assert env["TVM_FFI_CACHE_DIR"] == "/var/cache/x/tvm-ffi"
 
 
 def test_tp_defaults_to_gpu_count_and_empty_gpus_leave_visibility_alone():
