@@ -433,11 +433,33 @@ def targets(cells: list[dict]) -> list[dict]:
     return out
 
 
+def versus_fixed(cells: list[dict]) -> list[dict]:
+    """The adaptive policy against the best fixed budget measured in the same (regime, c): what
+    picking N by hand for that one cell would have given. A reading, not a target: the policy
+    picks without knowing the regime, a hand-picked N for one cell is wrong in others
+    (gpu-results.md §40: 0.98-1.00 on branchy, 1.25-1.39 on absent)."""
+    at = {(x["regime"], x["concurrency"], x["mode"]): x for x in cells if x.get("tok_s")}
+    out = []
+    for regime, c in sorted({(r, k) for r, k, _ in at}, key=lambda rc: (str(rc[0]), rc[1])):
+        ada = at.get((regime, c, "ddtree-adaptive"))
+        fixed = [x for (r, k, m), x in at.items() if r == regime and k == c
+                 and m.startswith("ddtree-") and m.removeprefix("ddtree-").isdigit()]
+        if ada is None or not fixed:
+            continue
+        best = max(fixed, key=lambda x: x["tok_s"])
+        boots = {ada.get("boot_id"), best.get("boot_id")}
+        out.append({"regime": regime, "concurrency": c, "best_fixed": best["mode"],
+                    "ratio": round(ada["tok_s"] / best["tok_s"], 4),
+                    "same_machine": len(boots) == 1 and None not in boots})
+    return out
+
+
 def grid_document(results: dict, regimes: list[str], modes: list[str],
                   levels: list[int]) -> dict:
     cells = grid_cells(results, regimes, modes, levels)
     return {"cells": cells, "commands": list(results.get("commands", [])),
             "machine": results.get("machine", {}), "targets": targets(cells),
+            "versus_fixed": versus_fixed(cells),
             "linear_accept_length": {r: results.get("linear_accept_length", {}).get(r)
                                      for r in regimes},
             # planted greedy outputs == the no-speculation continuations, per mode and regime
@@ -1408,6 +1430,8 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({
         "cells": len(doc["cells"]), "targets": [(t["regime"], t["concurrency"], t["ratio"],
                                                  t["pass"]) for t in doc["targets"]],
+        "versus_fixed": [(v["regime"], v["concurrency"], v["best_fixed"], v["ratio"])
+                         for v in doc.get("versus_fixed", [])],
         "linear_accept_length": doc["linear_accept_length"],
         "oracle_accept_length": grid.results.get("oracle_accept_length"),
         "servers_started": grid.run["servers_started"], "skipped": grid.run["skipped"],

@@ -121,6 +121,25 @@ def test_modes_and_targets():
     assert not any(x["same_machine"] for x in grid.targets(two))
 
 
+def test_versus_fixed_takes_the_best_fixed_budget_of_each_cell():
+    """Adaptive against the fastest ddtree-<N> of the same (regime, c); none, DFLASH and cells
+    without a tok/s are not fixed budgets; a cell without the adaptive one or any fixed one has
+    no row; two boots are not one machine."""
+    cells = [{"regime": r, "concurrency": c, "mode": m, "tok_s": v, "boot_id": "b1"}
+             for r, c, m, v in [("branchy", 4, "none", 900), ("branchy", 4, "dflash", 1000),
+                                ("branchy", 4, "ddtree-8", 1200), ("branchy", 4, "ddtree-64", 1250),
+                                ("branchy", 4, "ddtree-16", None),
+                                ("branchy", 4, "ddtree-adaptive", 1230),
+                                ("absent", 4, "ddtree-8", 600), ("absent", 4, "none", 850),
+                                ("chain", 4, "ddtree-adaptive", 5000)]]
+    rows = grid.versus_fixed(cells)
+    assert [(v["regime"], v["concurrency"], v["best_fixed"]) for v in rows] == [
+        ("branchy", 4, "ddtree-64")]
+    assert rows[0]["ratio"] == pytest.approx(0.984) and rows[0]["same_machine"] is True
+    cells[3]["boot_id"] = "b2"
+    assert grid.versus_fixed(cells)[0]["same_machine"] is False
+
+
 def test_cells_carry_their_run_s_boot_id():
     results = {"runs": [{"boot_id": "b0"}, {"boot_id": "b1"}],
                "none_levels": {"1": {"tok_s": 5.0, "run": 0}},
@@ -354,8 +373,16 @@ def runs(tmp_path_factory):
 
 def test_grid_schema_and_every_cell(runs):
     doc = runs["grid1"]
-    assert set(doc) == {"cells", "commands", "machine", "targets", "linear_accept_length",
-                        "greedy_identical"}
+    assert set(doc) == {"cells", "commands", "machine", "targets", "versus_fixed",
+                        "linear_accept_length", "greedy_identical"}
+    # the one fixed budget of this run is the best fixed one in every (regime, c)
+    assert {(v["regime"], v["concurrency"], v["best_fixed"]) for v in doc["versus_fixed"]} == {
+        (r, c, "ddtree-8") for r in REGIMES for c in LEVELS}
+    at = {(x["regime"], x["concurrency"], x["mode"]): x["tok_s"] for x in doc["cells"]}
+    for v in doc["versus_fixed"]:
+        r, c = v["regime"], v["concurrency"]
+        assert v["ratio"] == pytest.approx(at[(r, c, "ddtree-adaptive")] / at[(r, c, "ddtree-8")],
+                                           abs=1e-4)
     assert doc["greedy_identical"] == {m: {r: True for r in REGIMES}
                                        for m in ("none", "ddtree-8", "ddtree-adaptive")}
     assert {(x["regime"], x["mode"], x["concurrency"]) for x in doc["cells"]} == {
