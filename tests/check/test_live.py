@@ -196,3 +196,21 @@ def test_generation_evaluation() -> None:
     assert res[1].status == "FAIL" and "not speculating" in res[1].fix
     assert live.evaluate_generation(500, "boom", False)[0].found == \
         "POST /generate answered 500: boom"
+
+
+def test_an_adaptive_servers_accept_length_says_it_is_tokens_a_round() -> None:
+    """§40: `check --url` on the adaptive server of the absent regime said "accept length 8.00"
+    (one no-draft round of 8 steps); the line now says what the number is."""
+    body = {"output_ids": list(range(8)),
+            "meta_info": {"spec_verify_ct": 1, "spec_accept_length": 8.0}}
+    info = {"internal_states": [{"ddtree": {"policy": "adaptive 1:0,3,7,15,31,64",
+                                            "nodraft_steps": 8, "slots": {}}}]}
+    assert live.adaptive_nodraft_steps(info) == 8
+    found = live.evaluate_generation(200, body, True, live.adaptive_nodraft_steps(info))[1].found
+    assert found.startswith("spec_verify_ct=1, accept length 8.00 (tokens a round: the "
+                            "adaptive policy's no-draft rounds of 8 decode steps"), found
+    fixed = {"internal_states": [{"ddtree": {"policy": "fixed", "nodraft_steps": 8}}]}
+    assert live.adaptive_nodraft_steps(fixed) is None
+    assert live.adaptive_nodraft_steps({}) is None
+    plain = live.evaluate_generation(200, body, True, live.adaptive_nodraft_steps(fixed))
+    assert plain[1].found == "spec_verify_ct=1, accept length 8.00"

@@ -208,6 +208,16 @@ def describe_slots(slots: dict) -> str:
     return ", ".join(parts[:8]) + (f", ... ({len(parts)} batch sizes)" if len(parts) > 8 else "")
 
 
+def adaptive_nodraft_steps(info: dict) -> int | None:
+    """The decode steps of an adaptive DDTree server's no-draft round, from /server_info; None
+    for any other server (or one without the plugin's report)."""
+    state = ddtree_state(info)
+    if state is None or not str(state.get("policy") or "").startswith("adaptive"):
+        return None
+    steps = state.get("nodraft_steps")
+    return steps if isinstance(steps, int) else None
+
+
 def evaluate_ddtree_policy(info: dict, expected: str | None) -> Result:
     """Pure: the budget policy the DDTree worker reports against the expected one."""
     state = ddtree_state(info)
@@ -284,8 +294,13 @@ def evaluate_metrics(status: int | None, body: object, expected: bool | None) ->
                    "renders --enable-metrics)")
 
 
-def evaluate_generation(status: int, body: object, speculative: bool) -> list[Result]:
-    """Pure: the /generate answer has 8 tokens and, when speculating, acceptance stats."""
+def evaluate_generation(status: int, body: object, speculative: bool,
+                        nodraft_steps: int | None = None) -> list[Result]:
+    """Pure: the /generate answer has 8 tokens and, when speculating, acceptance stats.
+
+    ``nodraft_steps``: the adaptive policy's no-draft round (k decode steps), which SGLang counts
+    as one verify of k tokens, so the accept length it reports is tokens a round, not what the
+    drafter earned (8.00 on a server whose drafter earns nothing): the line says so."""
     if status != 200 or not isinstance(body, dict):
         return [failed(LAYER, "generate", f"POST /generate answered {status}: "
                        f"{str(body)[:200]}", "read the server log")]
@@ -304,8 +319,11 @@ def evaluate_generation(status: int, body: object, speculative: bool) -> list[Re
                               f"(spec_verify_ct={ct}, spec_accept_length={acc})",
                               "the server is not speculating; check its flags and log"))
         else:
+            note = (f" (tokens a round: the adaptive policy's no-draft rounds of {nodraft_steps}"
+                    " decode steps count as one verify each; ddtree_policy shows what the drafter "
+                    "earned)" if nodraft_steps and nodraft_steps > 1 else "")
             out.append(passed(LAYER, "speculation", f"spec_verify_ct={ct}, accept length "
-                              f"{acc:.2f}"))
+                              f"{acc:.2f}{note}"))
     return out
 
 
@@ -346,7 +364,7 @@ def run_layer(url: str | None, exp: Expectations, timeout: float, api_key: str |
             "input_ids": PROMPT_IDS,
             "sampling_params": {"temperature": 0, "max_new_tokens": NEW_TOKENS,
                                 "ignore_eos": True}})
-        out += evaluate_generation(status, body, speculative)
+        out += evaluate_generation(status, body, speculative, adaptive_nodraft_steps(info))
         status, body = client.request("GET", "/metrics")
         out.append(evaluate_metrics(status, body, exp.metrics))
     except (OSError, TimeoutError) as exc:
