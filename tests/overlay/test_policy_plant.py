@@ -90,20 +90,24 @@ def fixed_rate(bs, regime, n, tokens=256, costs=None):
     return bs * pos / (rounds * costs[bs][n])
 
 
-def fresh_server_grid(pol, levels, costs) -> dict:
-    """§36's / §37's order on a fresh server: the check's bs-1 requests (their first no-draft
+def fresh_server_rates(pol, levels, costs,
+                       regimes=("absent", "branchy", "chain")) -> dict:
+    """The grid's order on a fresh server: the check's bs-1 requests (their first no-draft
     rounds dearer, as every batch size's), then ``levels`` per regime at ``costs``; each
-    level's rate over its best fixed budget, to 3 decimals."""
+    level's tokens a ms."""
     pending: collections.deque = collections.deque()
     first: dict = {}
     serve_level(pol, 1, "absent", pending, waves=3, first=first, costs=costs)
-    ratio = {}
-    for regime in ("absent", "branchy", "chain"):
-        for bs in levels:
-            rate = serve_level(pol, bs, regime, pending, first=first, costs=costs)
-            best = max(fixed_rate(bs, regime, n, costs=costs) for n in costs[bs])
-            ratio[regime, bs] = round(rate / best, 3)
-    return ratio
+    return {(regime, bs): serve_level(pol, bs, regime, pending, first=first, costs=costs)
+            for regime in regimes for bs in levels}
+
+
+def fresh_server_grid(pol, levels, costs) -> dict:
+    """§36's / §37's order (``fresh_server_rates``); each level's rate over its best fixed
+    budget, to 3 decimals."""
+    return {(regime, bs): round(rate / max(fixed_rate(bs, regime, n, costs=costs)
+                                           for n in costs[bs]), 3)
+            for (regime, bs), rate in fresh_server_rates(pol, levels, costs).items()}
 
 
 def test_in_the_grid_order_each_level_runs_near_its_best_budget():
@@ -193,16 +197,6 @@ def _with_rungs(costs: dict, rungs: tuple[int, ...]) -> dict:
             for bs, c in costs.items()}
 
 
-def _absent_then_branchy(pol, costs) -> dict:
-    """§40's order on a fresh server: the check's bs-1 requests, then absent and branchy at
-    bs 1 / 4 / 8; each level's tokens a ms."""
-    pending: collections.deque = collections.deque()
-    first: dict = {}
-    serve_level(pol, 1, "absent", pending, waves=3, first=first, costs=costs)
-    return {(regime, bs): serve_level(pol, bs, regime, pending, first=first, costs=costs)
-            for regime in ("absent", "branchy") for bs in (1, 4, 8)}
-
-
 def test_a_rung_between_31_and_64_earns_branchy_what_64_does_for_less():
     """H100 §40: branchy c = 4 / 8 at 1.18 / 1.19 x DFLASH with the automatic ladder, whose
     rungs jump from 31 (2.415 a round by the plant's oracle) to 64 (3.012); the oracle gives
@@ -213,10 +207,11 @@ def test_a_rung_between_31_and_64_earns_branchy_what_64_does_for_less():
     "Next GPU sessions"), not a measurement."""
     costs = _with_rungs(COST_H100_40, (36, 47))
     dflash = {bs: bs * 2.0 / ms for bs, ms in DFLASH_MS_H100_40.items()}  # branchy's linear 2.0
-    auto = _absent_then_branchy(AdaptivePolicy(auto_schedule(64),
-                                               nodraft_tokens=NODRAFT_TOKENS), costs)
+    levels, regimes = (1, 4, 8), ("absent", "branchy")  # §40's order
+    auto = fresh_server_rates(AdaptivePolicy(auto_schedule(64), nodraft_tokens=NODRAFT_TOKENS),
+                              levels, costs, regimes)
     pol = AdaptivePolicy(parse_schedule(RUNGS_SCHEDULE, 64), nodraft_tokens=NODRAFT_TOKENS)
-    rungs = _absent_then_branchy(pol, costs)
+    rungs = fresh_server_rates(pol, levels, costs, regimes)
     for bs, measured in ((4, 1.18), (8, 1.19)):  # §40: adaptive / DFLASH at c = 4 / 8
         assert abs(auto["branchy", bs] / dflash[bs] - measured) <= 0.05, (bs, auto)
     assert rungs["branchy", 4] / dflash[4] >= 1.3, rungs
