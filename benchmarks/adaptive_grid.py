@@ -392,6 +392,22 @@ def grid_cells(results: dict, regimes: list[str], modes: list[str],
     return cells
 
 
+def same_boot(boot_ids) -> bool:
+    """Cells from one boot of one machine (calls of one warm lease share it): what a ratio
+    needs; unknown (no boot id recorded) counts as not the same."""
+    ids = set(boot_ids)
+    return len(ids) == 1 and None not in ids
+
+
+def is_fixed_ddtree(label: str) -> bool:
+    """``ddtree-<N>`` as parse_mode reads it (not the adaptive policy, not none or DFLASH)."""
+    try:
+        mode = parse_mode(label, 0)
+    except UsageError:
+        return False
+    return mode.algorithm == "ddtree" and not mode.adaptive
+
+
 def targets(cells: list[dict]) -> list[dict]:
     """Issue 14's targets for every (regime, c) whose cells are there."""
     at = {(x["regime"], x["concurrency"], x["mode"]): x["tok_s"] for x in cells}
@@ -404,10 +420,7 @@ def targets(cells: list[dict]) -> list[dict]:
         return len({run.get((regime, c, m)) for m in modes}) == 1
 
     def same_machine(regime: str, c: int, *modes: str) -> bool:
-        """Compared cells from one boot of one machine (calls of one warm lease share it):
-        what a ratio needs; unknown (no boot id recorded) counts as not the same."""
-        ids = {boot.get((regime, c, m)) for m in modes}
-        return len(ids) == 1 and None not in ids
+        return same_boot(boot.get((regime, c, m)) for m in modes)
 
     def row(regime: str, c: int, target: str, ratio: float | None, threshold: float,
             modes: tuple[str, ...]) -> dict:
@@ -443,14 +456,13 @@ def versus_fixed(cells: list[dict]) -> list[dict]:
     for regime, c in sorted({(r, k) for r, k, _ in at}, key=lambda rc: (str(rc[0]), rc[1])):
         ada = at.get((regime, c, "ddtree-adaptive"))
         fixed = [x for (r, k, m), x in at.items() if r == regime and k == c
-                 and m.startswith("ddtree-") and m.removeprefix("ddtree-").isdigit()]
+                 and is_fixed_ddtree(m)]
         if ada is None or not fixed:
             continue
         best = max(fixed, key=lambda x: x["tok_s"])
-        boots = {ada.get("boot_id"), best.get("boot_id")}
         out.append({"regime": regime, "concurrency": c, "best_fixed": best["mode"],
                     "ratio": round(ada["tok_s"] / best["tok_s"], 4),
-                    "same_machine": len(boots) == 1 and None not in boots})
+                    "same_machine": same_boot((ada.get("boot_id"), best.get("boot_id")))})
     return out
 
 
