@@ -211,8 +211,10 @@ def describe_slots(slots: dict) -> str:
 def adaptive_nodraft_steps(info: dict) -> int | None:
     """The decode steps of an adaptive DDTree server's no-draft round, from /server_info; None
     for any other server (or one without the plugin's report)."""
+    from sglang_dflash.sglang_overlay.policy import POLICY_ADAPTIVE  # as parse_policy, above
+
     state = ddtree_state(info)
-    if state is None or not str(state.get("policy") or "").startswith("adaptive"):
+    if state is None or not str(state.get("policy") or "").startswith(POLICY_ADAPTIVE):
         return None
     steps = state.get("nodraft_steps")
     return steps if isinstance(steps, int) else None
