@@ -318,12 +318,18 @@ def verify_in_commit(files: list[Path], commit: str) -> str:
     return full
 
 
-def summarise(target: Path, raw_commit: str | None = None, raw_location: str | None = None) -> dict:
+def summarise(target: Path, raw_commit: str | None = None, raw_location: str | None = None,
+              seen: dict[str, str] | None = None) -> dict:
+    """One run's summary. ``seen`` (content sha256 -> where it was reduced first) may be shared
+    by the runs of one invocation, the calls of one lease: a file a later run repeats byte for
+    byte (a resumed grid's export carries the earlier call's files) is then reduced once, and
+    the later summary names the earlier path (``{"same_as": "<run>/<file>"}``; its raw_files
+    entry keeps its own sha256)."""
     target = target.resolve()
     files = raw_files_of(target)
     base = target.parent
     rels = [f.relative_to(base).as_posix() for f in files]
-    seen: dict[str, str] = {}
+    seen = {} if seen is None else seen
     if raw_commit:
         full = verify_in_commit(files, raw_commit)
         top = Path(_git(["rev-parse", "--show-toplevel"], base).decode().strip()).resolve()
@@ -429,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.out and len(args.targets) != 1:
         ap.error("--out takes one target")
+    seen: dict[str, str] = {}  # shared by the targets: a repeat across runs is reduced once
     try:
         for target in args.targets:
             if not target.exists():
@@ -436,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
             out = args.out or output_path(target)
             if out.resolve() in {p.resolve() for p in raw_files_of(target)}:
                 raise SummaryError(f"{target}: its summary would overwrite it; pass --out")
-            summary = summarise(target, args.raw_commit, args.raw_location)
+            summary = summarise(target, args.raw_commit, args.raw_location, seen)
             out.write_text(dumps(summary))
             print(
                 f"{out}: {len(summary['raw_files'])} raw files, "

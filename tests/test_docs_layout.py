@@ -408,6 +408,31 @@ def test_compressed_files_are_read_through_and_repeats_named_once(tmp_path):
     assert f["runZ/serve-a.log.gz"] == {"same_as": "runZ/all.tgz:inner/serve-a.log"}
 
 
+def test_a_file_a_later_run_repeats_is_reduced_once(tmp_path):
+    """The runs of one invocation share the repeat table: a resumed grid's export carries the
+    earlier call's files byte for byte (§40: 44 of 47), and the later summary names the
+    earlier path while its raw_files keep every file's own sha256."""
+    day = tmp_path / "2030-01-03"
+    shared = b'{"summaries": [{"concurrency": 1, "output_tokens_per_s": 227.4}]}'
+    for run, own in (("call7", b'{"cells": 36}'), ("call8", b'{"cells": 72}')):
+        (day / run / "x").mkdir(parents=True)
+        (day / run / "x" / "bench-none-c1.json").write_bytes(shared)
+        (day / run / "x" / "results.json").write_bytes(own)
+    assert summarise_gpu_run.main([str(day / "call7"), str(day / "call8"),
+                                   "--raw-location", "here"]) == 0
+    first, later = (json.loads((day / f"{r}.json").read_text()) for r in ("call7", "call8"))
+    assert first["files"]["call7/x/bench-none-c1.json"]["summaries"][0]["concurrency"] == 1
+    assert later["files"]["call8/x/bench-none-c1.json"] == {
+        "same_as": "call7/x/bench-none-c1.json"}
+    assert later["files"]["call8/x/results.json"] == {"cells": 72}
+    assert {e["path"]: e["sha256"] for e in later["raw_files"]}[
+        "call8/x/bench-none-c1.json"] == hashlib.sha256(shared).hexdigest()
+    # one run at a time: nothing to point at, each summary whole
+    assert summarise_gpu_run.main([str(day / "call8"), "--raw-location", "here"]) == 0
+    alone = json.loads((day / "call8.json").read_text())
+    assert "same_as" not in json.dumps(alone["files"])
+
+
 def test_bench_repeats_and_trace_top_lists_are_reduced():
     """What every bench JSON of a run repeats is dropped; a trace summary keeps its first
     TOP_N entries of each top list and TOP_RANGES ranges; other JSON is left as it is."""
