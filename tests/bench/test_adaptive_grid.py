@@ -893,7 +893,7 @@ def test_adaptive_policy_grid_runs_and_checks_the_schedule_it_set(tmp_path):
     want = grid.overlay_policy.parse_policy("adaptive:auto:520", 64, "t").describe()
     assert want != grid.overlay_policy.parse_policy("adaptive", 64, "t").describe()
     assert f"policy {want} (budget 64)" in chk["policy_line"], chk["policy_line"]
-    assert "1:0,3,7,15,31,64;16:" in want  # budget 64 offered up to bs 15 (8 x 65 = 520)
+    assert "1:0,3,7,15,31,47,64;16:" in want  # budget 64 offered up to bs 15 (8 x 65 = 520)
 
 
 def test_freeze_gc_reaches_every_bench_and_pins_the_out(tmp_path):

@@ -18,6 +18,9 @@ from sglang_dflash.sglang_overlay.policy import (
 )
 
 ENV = settings.POLICY_ENV
+# The automatic schedule for N = 64 before §41 added the half-octave rung 47: what every GPU run
+# replayed below ran (§22-§40), so their cost tables have no 47.
+OCTAVE_64 = parse_schedule("1:0,3,7,15,31,64;8:0,3,7,15,31;32:0,3,7,15", 64)
 
 
 def test_auto_schedule_offers_what_fits_and_always_a_fallback():
@@ -29,12 +32,17 @@ def test_auto_schedule_offers_what_fits_and_always_a_fallback():
     assert s.budgets() == (0, 3, 7, 15)
     assert s.capture_bs(15, [1, 2, 4, 8, 16, 24, 32, 48, 64]) == [1, 2, 4, 8, 16, 24, 32, 48, 64]
     big = auto_schedule(64)
-    assert big.candidates(1) == (0, 3, 7, 15, 31, 64)
-    assert big.candidates(8) == (0, 3, 7, 15, 31)  # 8 x 65 > 512: N leaves
-    assert big.candidates(16) == (0, 3, 7, 15, 31)  # 16 x 32 = 512
+    assert big.candidates(1) == (0, 3, 7, 15, 31, 47, 64)  # 47: the half-octave rung (§41)
+    assert big.candidates(8) == (0, 3, 7, 15, 31, 47)  # 8 x 65 > 512: N leaves; 8 x 48 fits
+    assert big.candidates(16) == (0, 3, 7, 15, 31)  # 16 x 32 = 512; 16 x 48 does not fit
     assert big.candidates(32) == big.candidates(64) == (0, 3, 7, 15)  # 31 leaves, 15 stays
     assert big.capture_bs(31, [1, 8, 16, 24, 32, 64]) == [1, 8, 16, 24]
-    assert auto_schedule(64, 4096).candidates(32) == (0, 3, 7, 15, 31, 64)
+    assert big.capture_bs(47, [1, 8, 16, 24, 32, 64]) == [1, 8]
+    assert auto_schedule(64, 4096).candidates(32) == (0, 3, 7, 15, 31, 47, 64)
+    # 63 beside 64 stays out (too close to N to be a choice); 95 below 128 comes in
+    assert auto_schedule(128).candidates(1) == (0, 3, 7, 15, 31, 47, 63, 95, 128)
+    # the replays below run OCTAVE_64: this without the half-octave rung (what §22-§40 ran)
+    assert big.render() == "1:0,3,7,15,31,47,64;8:0,3,7,15,31,47;16:0,3,7,15,31;32:0,3,7,15"
     # N = 16's ladder has no 15 (too close to 16): 15 comes in where 16 leaves
     n16 = auto_schedule(16)
     assert n16.render() == "1:0,3,7,16;32:0,3,7,15"
@@ -308,7 +316,7 @@ def test_a_probe_that_finds_a_better_tree_is_followed_up():
     oracle = BRANCHY_BS1[64] / H200_BS1_COST[64]
     absent = lambda: {n: 1.0 for n in BRANCHY_BS1}  # noqa: E731
     plan = [(256, absent)] * 20 + [(256, lambda: BRANCHY_BS1)] * 5 + [(256, absent)] * 5
-    follow = serve_tokens(AdaptivePolicy(auto_schedule(64), nodraft_tokens=8), plan,
+    follow = serve_tokens(AdaptivePolicy(OCTAVE_64, nodraft_tokens=8), plan,
                           H200_BS1_COST)
     assert collections.Counter(follow[19][2]).most_common(1)[0][0] == 0  # absent: no draft
     assert tokens_per_ms(follow[20:25]) >= 0.95 * oracle
@@ -317,7 +325,7 @@ def test_a_probe_that_finds_a_better_tree_is_followed_up():
     nodraft = 8 / H200_BS1_COST[0]
     assert tokens_per_ms(follow[25:]) >= 0.95 * nodraft
     assert collections.Counter(follow[26][2]).most_common(1)[0][0] == 0
-    old = serve_tokens(AdaptivePolicy(auto_schedule(64), nodraft_tokens=8, **BEFORE), plan,
+    old = serve_tokens(AdaptivePolicy(OCTAVE_64, nodraft_tokens=8, **BEFORE), plan,
                        H200_BS1_COST)
     assert tokens_per_ms(old[20:25]) < 0.8 * oracle  # what the grid measured (0.76)
 
@@ -341,7 +349,7 @@ def test_a_noisy_round_does_not_make_a_paying_tree_fall_back():
     def steady(**kw):
         ratios, nodraft = [], []
         for seed in range(6):
-            pol = AdaptivePolicy(auto_schedule(64), nodraft_tokens=8, **kw)
+            pol = AdaptivePolicy(OCTAVE_64, nodraft_tokens=8, **kw)
             plan = [(256, absent)] * 10 + [(256, geometric(random.Random(seed)))] * 20
             runs = serve_tokens(pol, plan, H200_BS1_COST)[12:]
             ratios.append(tokens_per_ms(runs) / oracle)
@@ -417,8 +425,8 @@ def test_at_bs8_a_tree_that_pays_ten_percent_is_kept():
                            lambda acc, m: acc if m == 31 else 1.474)[:2]
 
     oracle = 8 * 2.58 / cost[31]
-    now = [serve(AdaptivePolicy(auto_schedule(64), nodraft_tokens=8), s) for s in range(4)]
-    before = [serve(AdaptivePolicy(auto_schedule(64), nodraft_tokens=8, **BEFORE), s)
+    now = [serve(AdaptivePolicy(OCTAVE_64, nodraft_tokens=8), s) for s in range(4)]
+    before = [serve(AdaptivePolicy(OCTAVE_64, nodraft_tokens=8, **BEFORE), s)
               for s in range(4)]
     assert sum(r for r, _ in now) / 4 >= 0.97 * oracle
     assert sum(z for _, z in now) / 4 < 0.1
@@ -512,7 +520,7 @@ def test_at_bs32_a_tree_just_below_no_draft_does_not_flap():
     nodraft_rate = 8 / cost[0]
     for amp in (0.3, 0.6):
         for seed in range(3):
-            pol = AdaptivePolicy(auto_schedule(64), nodraft_tokens=8)
+            pol = AdaptivePolicy(OCTAVE_64, nodraft_tokens=8)
             rng, accs = random.Random(seed), []
 
             def swinging(r):  # every budget accepts the round's batch mean
@@ -538,7 +546,7 @@ def test_a_new_batch_size_starts_from_the_nearest_measured_one():
     fell back. Now it starts from bs 8's EMAs (the nearest with every candidate of its own)
     and runs no draft at once; a probe still comes within the probe interval."""
     absent = {n: 1.0 for n in BS28_H100}
-    pol = AdaptivePolicy(auto_schedule(64), nodraft_tokens=8)
+    pol = AdaptivePolicy(OCTAVE_64, nodraft_tokens=8)
     assert run_slot(pol, 8, BS8_H100, absent, 300)[-100:].count(0) >= 99
     assert run_slot(pol, 32, BS32_H100, absent, 300)[-100:].count(0) >= 99
     ran = run_slot(pol, 28, BS28_H100, absent, 40)
@@ -548,7 +556,7 @@ def test_a_new_batch_size_starts_from_the_nearest_measured_one():
     assert s.current == 0 and s.switches == 0
     # a measured cost replaces the borrowed one outright (the first round of a width skipped)
     assert s.cost[0] == pytest.approx(BS28_H100[0]) and 0 not in s.borrowed
-    cold = AdaptivePolicy(auto_schedule(64), nodraft_tokens=8)  # no neighbour: as before
+    cold = AdaptivePolicy(OCTAVE_64, nodraft_tokens=8)  # no neighbour: as before
     cold_ran = run_slot(cold, 28, BS28_H100, absent, 40)
     assert sum(n > 0 for n in cold_ran) >= 13 and "warm_from" not in cold.summary()["28"]
 
@@ -558,7 +566,7 @@ def test_a_borrowed_choice_that_loses_here_is_left_within_a_few_rounds():
     8 in 38.85); at bs 28 the same tree costs 23.7 ms and loses. The new slot starts on 31
     with bs 8's costs and leaves it once its own cost of 31 is in."""
     accept = {0: 8.0, 3: 1.42, 7: 1.42, 15: 1.42, 31: 2.43}
-    pol = AdaptivePolicy(auto_schedule(64), nodraft_tokens=8)
+    pol = AdaptivePolicy(OCTAVE_64, nodraft_tokens=8)
     assert run_slot(pol, 8, BS8_H100 | {0: 38.85, 31: 8.751}, accept, 300)[-1] == 31
     ran = run_slot(pol, 28, BS28_H100, accept, 40)
     assert ran[0] == 31 and sum(n > 0 for n in ran[:10]) <= 6 and ran[-10:] == [0] * 10, ran
@@ -595,7 +603,7 @@ def test_at_bs8_close_values_keep_the_slot_still():
     (accept 1.7 and 2.5 in turns of 20 rounds) moves it more but still within 2 % of no draft's
     rate. The §24 rule switched 6-12 times a level here (26 with the varying drafter)."""
     def serve(seed, mean_at):
-        return serve_waves(AdaptivePolicy(auto_schedule(64), nodraft_tokens=8), BS8_BRANCHY,
+        return serve_waves(AdaptivePolicy(OCTAVE_64, nodraft_tokens=8), BS8_BRANCHY,
                            seed, lambda r: 1 - 1 / mean_at(r),
                            lambda acc, m: acc if m == 31 else 1 + (acc - 1) * 0.856,
                            fresh_waves=True)
@@ -663,7 +671,7 @@ def serve_arrivals(cost, top, bs, nreq, mean, seed=0, lag=3):
     rounds late. Returns (tokens a ms per request, share of no-draft rounds, switches)."""
     import random
 
-    pol = AdaptivePolicy(auto_schedule(64), nodraft_tokens=8)
+    pol = AdaptivePolicy(OCTAVE_64, nodraft_tokens=8)
     rng, pending = random.Random(seed), collections.deque()
     left = [256 - (i * (256 // bs)) % 256 or 256 for i in range(bs)]
     rids, seen, started, nxt = list(range(bs)), set(), bs, bs
@@ -778,7 +786,7 @@ def test_at_bs8_a_follow_up_judges_the_tree_by_its_own_rounds():
     its own rounds' cost: it is adopted in the first waves and the slot stays on 31."""
     tree = 8 * 2.43 / BS8_H200_RUN[31]
     for seed in range(4):
-        pol = AdaptivePolicy(auto_schedule(64), nodraft_tokens=8)
+        pol = AdaptivePolicy(OCTAVE_64, nodraft_tokens=8)
         rate, ran = serve_absent_then_branchy(pol, seed)
         s = pol.slots[8]
         assert s.follow_ups["adopted"] >= 1 and s.current == 31, pol.summary()["8"]
@@ -921,7 +929,7 @@ def test_a_slot_that_fell_back_learns_from_the_other_batch_sizes():
     over 12 seeds the measured waves run at 0.993 x the tree's rate on average with no draft in
     8 % of their rounds (before: 0.965 and 31 %)."""
     tree = 8 * 2.43 / BS8_H100_SYNC[31]
-    runs = [serve_grid_order(AdaptivePolicy(auto_schedule(64), nodraft_tokens=8), seed)
+    runs = [serve_grid_order(AdaptivePolicy(OCTAVE_64, nodraft_tokens=8), seed)
             for seed in range(12)]
     rates = [r / tree for r, _ in runs]
     assert sum(rates) / len(rates) >= 0.985, rates

@@ -61,9 +61,12 @@ from dataclasses import dataclass, field
 POLICY_FIXED = "fixed"
 POLICY_ADAPTIVE = "adaptive"
 
-# Budgets tried by the automatic schedule (the configured N is always added): 2^k - 1, so the
-# verify widths are powers of two.
-LADDER = (3, 7, 15, 31, 63, 127, 255, 511, 1023)
+# Budgets tried by the automatic schedule (the configured N is always added): 2^k - 1 (verify
+# widths of powers of two), and from 47 on a half-octave step between them (1.5 x 2^k - 1):
+# past 31 a wider verify is compute-bound at a few requests, so an octave is too coarse a step
+# (docs/gpu-results.md §41, H100, planted branchy: with only 31 and 64 at bs 4 the policy sat at
+# 1.18 x DFLASH; a 48-wide round accepts what the 65-wide one does for 0.86 x its cost there).
+LADDER = (3, 7, 15, 31, 47, 63, 95, 127, 191, 255, 383, 511, 767, 1023)
 # Verified tokens per round (bs x (n+1)) above which the automatic schedule stops offering a
 # budget at that batch size: the verify forward's cost grows with its tokens beyond a few hundred
 # (H200, 8B-shaped Qwen3: docs/ddtree.md "Choosing the budget N").
