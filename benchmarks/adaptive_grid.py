@@ -894,7 +894,8 @@ class Grid:
                         "accept_length": s.get("accept_length"),
                         "requests": s.get("requests"), "ok": s.get("ok"),
                         "errors": s.get("errors"), "latency_p50": s.get("latency_p50"),
-                        "itl_p50": s.get("itl_p50"), "ttft_max": s.get("ttft_max"),
+                        "itl_p50": s.get("itl_p50"), "ttft_p50": s.get("ttft_p50"),
+                        "ttft_max": s.get("ttft_max"),
                         "underfilled_share": s.get("underfilled_share")}
         if res["rc"] != 0:
             row["stderr"] = res["stderr"][-1500:]
@@ -933,10 +934,13 @@ class Grid:
             stall = (f", under half full {under:.0%} of it (first token after up to "
                      f"{row.get('ttft_max') or 0:.2f}s)" if under is not None and under > 0.05
                      else "")
+            # the first token's share of a level (§41: chain c = 1 lost 10 % to DFLASH there)
+            ttft = row.get("ttft_p50")
+            first_token = "" if ttft is None else f", first token p50 {ttft * 1e3:.0f} ms"
             print(f"[adaptive_grid] {name} c={c}: "
                   f"{'-' if tok_s is None else f'{tok_s:.1f}'} tok/s, accept "
-                  f"{'-' if acc is None else f'{acc:.2f}'} ({row['seconds']}s){stall}",
-                  flush=True)
+                  f"{'-' if acc is None else f'{acc:.2f}'} ({row['seconds']}s{first_token})"
+                  f"{stall}", flush=True)
         return n
 
     # -- phases --

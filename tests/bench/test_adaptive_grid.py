@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -360,6 +362,9 @@ def runs(tmp_path_factory):
     first = _grid_run(out, "--nodraft-steps", "8",
                       dflash_env={"SGLANG_DFLASH_DDTREE_HOST_LENS": "bound"})
     assert first.returncode == 0, first.stderr[-3000:]
+    # each level's line names its first token's median (§41: where chain c = 1 lost to DFLASH)
+    assert re.search(r"\[adaptive_grid\] ddtree-8-chain c=2: [\d.]+ tok/s, accept [\d.]+ "
+                     r"\([\d.]+s, first token p50 \d+ ms\)", first.stdout), first.stdout[-2000:]
     res1 = json.loads((out / "results.json").read_text())
     grid1 = json.loads((out / "adaptive-grid.json").read_text())
     logs = {p.name: p.stat().st_mtime_ns for p in out.glob("serve-*.log")}
@@ -428,6 +433,7 @@ def test_bench_files_keep_the_summaries_only(runs):
     # the stall signals (H200 §37): the longest first-token wait and the share under half full
     assert 0.0 <= cell["underfilled_share"] <= 1.0 and cell["ttft_max"] > 0.0
     assert cell["ttft_max"] == pytest.approx(max(r[1] for r in rows), abs=1e-3)  # ms rounding
+    assert cell["ttft_p50"] == pytest.approx(statistics.median(r[1] for r in rows), abs=1e-3)
 
 
 def test_export_writes_four_files(runs):
