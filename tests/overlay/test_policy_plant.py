@@ -198,6 +198,18 @@ def _with_rungs(costs: dict, rungs: tuple[int, ...]) -> dict:
             for bs, c in costs.items()}
 
 
+def _replay_c_to_8(schedule, costs: dict, dflash_ms: dict) -> tuple[AdaptivePolicy, dict, dict]:
+    """§40's / §41's order on a fresh server (absent, then branchy, at bs 1 / 4 / 8) at
+    ``costs``: the policy, its branchy rate over DFLASH's at the batch sizes of ``dflash_ms``
+    (branchy's linear 2.0 tokens a round), and its absent rate over no draft's at each."""
+    pol = AdaptivePolicy(schedule, nodraft_tokens=NODRAFT_TOKENS)
+    rates = fresh_server_rates(pol, (1, 4, 8), costs, ("absent", "branchy"))
+    branchy = {bs: rates["branchy", bs] / (bs * 2.0 / ms) for bs, ms in dflash_ms.items()}
+    absent = {bs: rates["absent", bs] / fixed_rate(bs, "absent", 0, costs=costs)
+              for bs in (1, 4, 8)}
+    return pol, branchy, absent
+
+
 def test_a_rung_between_31_and_64_earns_branchy_what_64_does_for_less():
     """H100 §40: branchy c = 4 / 8 at 1.18 / 1.19 x DFLASH with the automatic ladder, whose
     rungs jump from 31 (2.415 a round by the plant's oracle) to 64 (3.012); the oracle gives
@@ -208,19 +220,14 @@ def test_a_rung_between_31_and_64_earns_branchy_what_64_does_for_less():
     then gave 1.36 / 1.17 (36's and 47's real costs at bs 8 are above the interpolation: the
     next test replays them)."""
     costs = _with_rungs(COST_H100_40, (36, 47))
-    dflash = {bs: bs * 2.0 / ms for bs, ms in DFLASH_MS_H100_40.items()}  # branchy's linear 2.0
-    levels, regimes = (1, 4, 8), ("absent", "branchy")  # §40's order
-    auto = fresh_server_rates(AdaptivePolicy(OCTAVE_64, nodraft_tokens=NODRAFT_TOKENS),
-                              levels, costs, regimes)
-    pol = AdaptivePolicy(parse_schedule(RUNGS_SCHEDULE, 64), nodraft_tokens=NODRAFT_TOKENS)
-    rungs = fresh_server_rates(pol, levels, costs, regimes)
+    _, auto, _ = _replay_c_to_8(OCTAVE_64, costs, DFLASH_MS_H100_40)
+    pol, rungs, absent = _replay_c_to_8(parse_schedule(RUNGS_SCHEDULE, 64), costs,
+                                        DFLASH_MS_H100_40)
     for bs, measured in ((4, 1.18), (8, 1.19)):  # §40: adaptive / DFLASH at c = 4 / 8
-        assert abs(auto["branchy", bs] / dflash[bs] - measured) <= 0.05, (bs, auto)
-    assert rungs["branchy", 4] / dflash[4] >= 1.3, rungs
-    assert rungs["branchy", 8] / dflash[8] >= auto["branchy", 8] / dflash[8] + 0.05, rungs
-    for bs in (1, 4, 8):
-        nodraft = fixed_rate(bs, "absent", 0, costs=costs)
-        assert rungs["absent", bs] / nodraft >= 0.99, (bs, rungs)
+        assert abs(auto[bs] - measured) <= 0.05, (bs, auto)
+    assert rungs[4] >= 1.3, rungs
+    assert rungs[8] >= auto[8] + 0.05, rungs
+    assert all(absent[bs] >= 0.99 for bs in (1, 4, 8)), absent
     summary = pol.summary()
     assert summary["4"]["current"] == summary["8"]["current"] == 36, summary
 
@@ -244,20 +251,15 @@ def test_the_half_octave_rung_earns_branchy_c4_its_tree_at_the_measured_costs():
     settles on 47 at >= 1.3 x DFLASH, where the octave ladder (31, 64) stays near §40's 1.18,
     and the extra rung costs absent under 1 % against no draft. A replay of measured costs,
     not a GPU run of the new default."""
-    dflash = {bs: bs * 2.0 / ms for bs, ms in DFLASH_MS_H100_41.items()}
-    levels, regimes = (1, 4, 8), ("absent", "branchy")
+    def replay(schedule):
+        return _replay_c_to_8(schedule, COST_H100_41, DFLASH_MS_H100_41)
 
-    def rates(schedule):
-        pol = AdaptivePolicy(schedule, nodraft_tokens=NODRAFT_TOKENS)
-        return pol, fresh_server_rates(pol, levels, COST_H100_41, regimes)
-
-    _, rungs = rates(parse_schedule(RUNGS_SCHEDULE, 64))
+    _, rungs, _ = replay(parse_schedule(RUNGS_SCHEDULE, 64))
     for bs, measured in ((4, 1.36), (8, 1.17)):
-        assert abs(rungs["branchy", bs] / dflash[bs] - measured) <= 0.05, (bs, rungs)
-    pol, default = rates(auto_schedule(64))
-    _, octave = rates(OCTAVE_64)
-    assert default["branchy", 4] / dflash[4] >= 1.3, default
-    assert octave["branchy", 4] / dflash[4] < 1.25, octave
+        assert abs(rungs[bs] - measured) <= 0.05, (bs, rungs)
+    pol, default, absent = replay(auto_schedule(64))
+    _, octave, _ = replay(OCTAVE_64)
+    assert default[4] >= 1.3, default
+    assert octave[4] < 1.25, octave
     assert pol.summary()["4"]["current"] == 47, pol.summary()["4"]
-    for bs in (1, 4, 8):
-        assert default["absent", bs] / fixed_rate(bs, "absent", 0, costs=COST_H100_41) >= 0.99
+    assert all(absent[bs] >= 0.99 for bs in (1, 4, 8)), absent

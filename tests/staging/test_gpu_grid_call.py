@@ -7,18 +7,14 @@ and the call's log, at most 8 files in $OUT, the same NAME resuming the same gri
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-import tarfile
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import free_port
+from tests.staging.helpers import REPO, run_call_script, tar_members
 
-REPO = Path(__file__).resolve().parents[2]
-STANDIN = REPO / "tests" / "standin"
 SCRIPT = REPO / "scripts" / "gpu_grid_call.sh"
 TINY = ["--levels", "1", "--requests-per-level", "4", "--prompts-per-regime", "2",
         "--regimes", "absent", "--modes", "none,ddtree-adaptive"]
@@ -27,29 +23,9 @@ TINY = ["--levels", "1", "--requests-per-level", "4", "--prompts-per-regime", "2
 def _call(tmp_path: Path, *args: str, pythonpath: tuple[Path, ...] = ()
           ) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp_path / "OUT"
-    if out.exists():  # every device call starts with an empty $OUT
-        for p in out.iterdir():
-            p.unlink()
-    out.mkdir(exist_ok=True)
-    shim = tmp_path / "bin"  # the GPU host's python3 is the interpreter the tests run
-    shim.mkdir(exist_ok=True)
-    (shim / "python3").unlink(missing_ok=True)
-    (shim / "python3").symlink_to(sys.executable)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_DFLASH_")}
-    env.update(OUT=str(out), ROOT=str(tmp_path / "root"),
-               SITE=f"{STANDIN}{os.pathsep}{REPO / 'src'}", STANDIN_TOKEN_DELAY="0.0002",
-               PATH=f"{shim}{os.pathsep}{os.environ['PATH']}",
-               PYTHONPATH=os.pathsep.join([*map(str, pythonpath), str(STANDIN),
-                                           str(REPO / "src"), str(REPO / "benchmarks")]))
-    env.pop("NOTIFY_SOCKET", None)
-    r = subprocess.run(["bash", str(SCRIPT), *args], env=env, cwd=REPO, capture_output=True,
-                       text=True, timeout=600)
-    return r, out
-
-
-def _members(tgz: Path) -> set[str]:
-    with tarfile.open(tgz) as tar:
-        return set(tar.getnames())
+    for p in out.glob("*"):  # every device call starts with an empty $OUT
+        p.unlink()
+    return run_call_script(SCRIPT, tmp_path, args, pythonpath)
 
 
 def test_one_tarball_per_call_and_the_same_name_resumes(tmp_path):
@@ -59,7 +35,7 @@ def test_one_tarball_per_call_and_the_same_name_resumes(tmp_path):
     assert "gpu_grid_call: G complete" in r.stdout
     assert "[adaptive_grid] ddtree-adaptive-absent c=1:" in r.stdout
     assert sorted(p.name for p in out.iterdir()) == ["G.tgz"]
-    names = _members(out / "G.tgz")
+    names = tar_members(out / "G.tgz")
     assert {"G/adaptive-grid.json", "G/results.json", "G/G.log",
             "G/adaptive-grid-files.tgz"} <= names  # the files tarball: server logs, benches
     first = json.loads((tmp_path / "root" / "G" / "results.json").read_text())
@@ -86,14 +62,14 @@ def test_a_server_left_for_the_next_call_is_incomplete_exit_3(tmp_path):
     r, out = _call(tmp_path, "G", "200", *TINY, pythonpath=(fake,))
     assert r.returncode == 3, r.stdout[-2000:] + r.stderr[-2000:]
     assert "gpu_grid_call: G incomplete: the same command resumes" in r.stdout
-    assert "G/G.log" in _members(out / "G.tgz")
+    assert "G/G.log" in tar_members(out / "G.tgz")
 
 
 def test_a_failed_grid_keeps_its_status_and_still_returns_its_log(tmp_path):
     r, out = _call(tmp_path, "G", "200", "--levels", "0")  # adaptive_grid: usage, exit 2
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
     assert "gpu_grid_call: G failed (adaptive_grid rc=2)" in r.stderr
-    assert "G/G.log" in _members(out / "G.tgz")
+    assert "G/G.log" in tar_members(out / "G.tgz")
 
 
 @pytest.mark.parametrize("args, words", [

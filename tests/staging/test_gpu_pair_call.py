@@ -7,52 +7,29 @@ files in $OUT, --skip-done passed on, and a bad argument refused in one line."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-import tarfile
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import free_port
 from tests.real_drafter.test_serve_pair import pair  # noqa: F401  (configs-only pair)
+from tests.staging.helpers import REPO, run_call_script, tar_members
 
-REPO = Path(__file__).resolve().parents[2]
-STANDIN = REPO / "tests" / "standin"
 SCRIPT = REPO / "scripts" / "gpu_pair_call.sh"
 
 
 def _call(pair_dir: Path, tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, Path]:
-    out = tmp_path / "OUT"
-    out.mkdir(exist_ok=True)
-    shim = tmp_path / "bin"  # the GPU host's python3 is the interpreter the tests run
-    shim.mkdir(exist_ok=True)
-    (shim / "python3").unlink(missing_ok=True)
-    (shim / "python3").symlink_to(sys.executable)
-    env = dict(os.environ, OUT=str(out), PAIR=str(pair_dir), ROOT=str(tmp_path / "root"),
-               SITE=f"{STANDIN}{os.pathsep}{REPO / 'src'}", STANDIN_TOKEN_DELAY="0.0002",
-               SERVE_PAIR_ARGS=f"--port {free_port()} --requests-per-level 1 "
-                               "--greedy-prompts 2 --seeded-prompts 2",
-               PATH=f"{shim}{os.pathsep}{os.environ['PATH']}",
-               PYTHONPATH=os.pathsep.join([str(STANDIN), str(REPO / "src"),
-                                           str(REPO / "benchmarks")]))
-    env.pop("NOTIFY_SOCKET", None)
-    r = subprocess.run(["bash", str(SCRIPT), *args], env=env, cwd=REPO, capture_output=True,
-                       text=True, timeout=600)
-    return r, out
-
-
-def _members(tgz: Path) -> set[str]:
-    with tarfile.open(tgz) as tar:
-        return set(tar.getnames())
+    return run_call_script(SCRIPT, tmp_path, args, PAIR=str(pair_dir),
+                           SERVE_PAIR_ARGS=f"--port {free_port()} --requests-per-level 1 "
+                                           "--greedy-prompts 2 --seeded-prompts 2")
 
 
 def test_one_tarball_with_the_run_its_log_and_the_tie_margin(pair, tmp_path):  # noqa: F811
     r, out = _call(pair, tmp_path, "sA", "300", "none", "dflash")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert sorted(p.name for p in out.iterdir()) == ["sA.tgz"]
-    names = _members(out / "sA.tgz")
+    names = tar_members(out / "sA.tgz")
     assert {"sA/results.json", "sA/sA.log", "sA/tie.log"} <= names
     assert any(n.startswith("sA/serve-none") and n.endswith(".log") for n in names)
     res = json.loads((tmp_path / "root" / "sA" / "results.json").read_text())
