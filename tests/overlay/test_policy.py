@@ -222,6 +222,58 @@ def test_fresh_share_and_gap():
     assert pol.choose(1, fresh=0.2).budget == 0  # under a quarter of the batch is new
 
 
+def test_a_probe_due_on_the_round_after_a_prefill_waits_one_round():
+    """H100 §40-§41: at bs 1 the top budget's round right after a prefill walled 15-78 ms (the
+    others 5-6 ms there), and each new request's fresh probe fell on exactly that round. The
+    probe now runs on the request's second round instead; nothing else moves."""
+    pol = AdaptivePolicy(parse_schedule("1:0,15,64", 64), fresh_gap=4)
+    s = pol.slot(1)
+    s.accept, s.cost, s.current = {0: 1.0, 15: 16.0, 64: 16.0}, {0: 5, 15: 6, 64: 6.5}, 15
+    pol._cost_seen = {(1, n): 9 for n in (0, 15, 64)}
+    s.since_probe, s.probe_every = 16, 256  # the previous request's 16 rounds
+    first = pol.choose(1, fresh=1.0, after_prefill=True)
+    second = pol.choose(1, fresh=1.0)
+    assert (first.budget, first.probe, second.budget, second.probe) == (15, False, 64, True)
+    # a regular probe that falls due there waits too; without a prefill it runs at once
+    s.since_probe, s.probe_every = 300, 256
+    assert pol.choose(1, after_prefill=True).budget == 15
+    assert pol.choose(1).budget == 64
+    s.since_probe = 300
+    assert pol.choose(1, fresh=1.0).probe
+    # deferred once only: with a prefill before every round the probe runs on the second
+    s.since_probe = 300
+    assert [pol.choose(1, after_prefill=True).budget for _ in range(3)] == [15, 64, 15]
+
+
+def test_a_probe_that_only_confirms_the_current_budget_opens_no_follow_up():
+    """H100 §41, chain at bs 4 (the slot's own meter costs): budget 15 accepts the whole block
+    and its EMA sat a little under 16. A probe's counterfactual for 15 itself (16) beat that
+    EMA, which opened a follow-up: 16 rounds of budget 64 at 9.3 ms for what 15 earns in 6.5,
+    capped 3 times of 4. A follow-up asks whether a larger tree wins; here none does."""
+    sched = parse_schedule("1:0,3,7,15,31,36,47,64", 64)
+    cost = {0: 34.46, 3: 5.323, 7: 5.52, 15: 6.488, 31: 8.488, 36: 7.634, 47: 7.983, 64: 9.323}
+    full = {3: 4.0, 7: 8.0, 15: 16.0, 31: 16.0, 36: 16.0, 47: 16.0, 64: 16.0}
+    pol = AdaptivePolicy(sched)
+    s = pol.slot(4)
+    # each request's last round commits what is left of its 256 tokens: the EMAs dip under 16
+    s.accept = {0: 8.0, **{n: v - 0.8 * (n >= 15) for n, v in full.items()}}
+    s.cost, s.current, s.own = dict(cost), 15, {15: 40}
+    pol._cost_seen = {(4, n): 9 for n in cost}
+    s.since_probe, s.probe_every = 16, 16
+    ran = []
+    for _ in range(40):
+        n = pol.choose(4, fresh=0.0).budget
+        ran.append(n)
+        pol.observe(4, n, {m: v for m, v in full.items() if m <= n}, cost[n])
+    assert s.follow_ups["opened"] == 0 and ran.count(64) <= 2, ran
+    # a probe where a larger budget does win still opens one
+    s.accept, s.since_probe = {0: 8.0, 3: 1.0, 7: 1.2, 15: 2.0, 31: 2.1, 36: 2.2, 47: 2.2,
+                               64: 2.2}, 100
+    n = pol.choose(4).budget
+    pol.observe(4, n, {3: 1.0, 7: 1.2, 15: 2.0, 31: 2.1, 36: 4.0, 47: 4.0, 64: 4.0}, cost[n])
+    assert n == 64 and s.confirming and s.follow_ups["opened"] == 1 and s.current == 15
+
+
 def test_multi_step_fallback_counts_its_tokens():
     """A no-draft round of k decode steps commits k tokens at about k forwards' cost: the
     policy values budget 0 at k tokens a round (not 1), so with a modest drafter at bs 1 it

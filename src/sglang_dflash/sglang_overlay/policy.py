@@ -286,6 +286,7 @@ class Slot:
     probe_every: int = 0
     fresh_every: int = 0  # rounds between fresh-request probes while part of the batch is new
     probes_out: int = 0  # regular probes chosen and not yet observed (follow-up rounds are not)
+    deferred: bool = False  # the probe now due was deferred off a round after a prefill
     switches: int = 0
     confirm_rounds: int = 0  # rounds probed in a row while confirming (capped at confirm_max)
     confirming: bool = False  # a follow-up is open: its rounds so far say a larger budget wins
@@ -429,7 +430,7 @@ class AdaptivePolicy:
         s.borrowed = set(s.candidates)
         s.current = max(s.candidates, key=lambda n: self.value(s, n))
 
-    def choose(self, padded_bs: int, fresh: float = 0.0) -> Choice:
+    def choose(self, padded_bs: int, fresh: float = 0.0, after_prefill: bool = False) -> Choice:
         """The budget of the next round. ``fresh`` is the share of the batch's requests that
         no top-budget round has seen yet: a slot that fell back learns nothing about them (a
         budget-0 round drafts nothing), so a wholly new batch (every new request at bs 1) is
@@ -437,7 +438,16 @@ class AdaptivePolicy:
         which budget 16 accepted 15 per round), and a batch a quarter new after ``fresh_every``
         rounds, which doubles while probes confirm the choice like the probe interval: with
         requests arriving as others end, a quarter of a bs-8 or bs-32 batch is new every ~8
-        rounds, and probing each time cost 3 % of no draft's rate on a weak drafter (§25)."""
+        rounds, and probing each time cost 3 % of no draft's rate on a weak drafter (§25).
+
+        ``after_prefill``: this round is the first after a prefill. A probe that falls due
+        there waits one round: at bs 1 the top budget's round right after a prefill walled
+        15-78 ms where the slot's other budgets walled 5-6 ms on that round and the top itself
+        6 ms on any other (H100 §40-§41, every regime: ``wall_after_prefill_ms``), and since
+        that round's launch holds back the prefill's first token, chain c = 1 lost 10-20 ms of
+        each request's ~130 to its first token (0.89-0.90 x DFLASH). Deferred, the new request
+        is still probed on its second round; a probe is deferred once only, so a prefill
+        before every round (many requests arriving) does not starve the probes."""
         s = self.slot(padded_bs)
         top = s.candidates[-1]
         if top not in s.cost or (top > 0 and len(s.accept) < len(s.candidates)):
@@ -448,6 +458,10 @@ class AdaptivePolicy:
         due = (s.since_probe >= s.probe_every
                or (fresh >= 1.0 and s.since_probe >= self.fresh_gap)
                or (fresh >= self.fresh_probe and s.since_probe >= s.fresh_every))
+        if due and after_prefill and not s.deferred:
+            due, s.deferred = False, True  # once: a prefill before every round must not starve it
+        elif due:
+            s.deferred = False
         if s.confirming and s.confirm_rounds >= self.confirm_max:
             s.follow_ups["capped"] += 1  # no adoption within the cap: the evidence is marginal
             self._end_follow_up(s)
@@ -734,11 +748,17 @@ class AdaptivePolicy:
 
     def _best_rate(self, s: Slot, accept: dict[int, float],
                    cost: dict[int, float] | None = None) -> float:
-        """Tokens per ms of the best drafting candidate under ``accept``, at the measured costs
-        (``cost`` overrides some of them)."""
+        """Tokens per ms of the best drafting candidate above the current budget under
+        ``accept``, at the measured costs (``cost`` overrides some of them). Only those: a
+        follow-up asks whether a larger tree wins, and the current budget's own counterfactual
+        in a lucky round beats its EMA by chance (H100 §41, chain at bs 4: budget 15 accepts
+        the whole block, its EMA sat a little under 16, each probe opened a follow-up on 15's
+        own figure and ran 16 rounds of budget 64 at 9.3 ms for what 15 earns in 6.5, capped
+        3 times of 4; chain c = 4 and 8 at 0.78-0.98 x DFLASH)."""
         costs = s.cost | (cost or {})
         return max((v / costs[n] for n, v in accept.items()
-                    if n in s.candidates and n > 0 and costs.get(n, 0) > 0), default=-math.inf)
+                    if n in s.candidates and n > max(0, s.current) and costs.get(n, 0) > 0),
+                   default=-math.inf)
 
     def _follow_up(self, s: Slot, accept_by_budget: dict[int, float], ran: int,
                    cost_ms: float | None) -> None:

@@ -678,7 +678,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         rids = [r.rid for r in batch.reqs]
         counts = self._round_steps.worth_probing(lengths) if lengths is not None else None
         fresh = policy_mod.fresh_share(rids, self._seen_rids, counts)
-        n = self._policy.choose(key, fresh).budget
+        n = self._policy.choose(key, fresh, after_prefill=self._after_prefill).budget
         now = time.perf_counter()
         if self._wall_prev is not None:  # the previous round, choice to choice on the host
             t0, prev_key, prev_n, prev_first = self._wall_prev
