@@ -48,12 +48,13 @@ def phase_table(regime: str, budgets) -> tuple[dict[int, list[int]], int]:
 
 
 def serve_level(pol, bs, regime, pending, lag=3, waves=6, tokens=256, first=None,
-                costs=None):
+                costs=None, clip=False):
     """Waves of ``bs`` requests of ``tokens`` tokens, in step (one plant schedule), fed
     ``lag`` rounds late, with the worker's fresh-request share; tokens a ms over the waves
     after two of warm-up. ``first`` (a dict) makes the first two no-draft rounds at each
     batch size cost 3.3 x: one-off costs at a new batch size (H100 §36: 134 ms for a ~40 ms
-    no-draft round; its tree rounds cost what they later did)."""
+    no-draft round; its tree rounds cost what they later did). ``clip``: a request's last
+    round commits only what is left of its tokens, every budget's count with it."""
     cands = pol.schedule.candidates(bs)
     table, period = phase_table(regime, [n for n in cands if n > 0])
     made = spent = 0.0
@@ -69,6 +70,9 @@ def serve_level(pol, bs, regime, pending, lag=3, waves=6, tokens=256, first=None
             seen = set(rids) if n == top else seen
             step = NODRAFT_TOKENS if n == 0 else 1 + table[n][pos % period]
             acc = {m: 1.0 + table[m][pos % period] for m in cands if 0 < m <= n}
+            if clip:
+                step = min(step, tokens - done)
+                acc = {m: min(v, tokens - done) for m, v in acc.items()}
             pos, done = pos + step, done + step
             cost = (costs or COST)[bs][n]
             if first is not None and n == 0:
@@ -263,3 +267,35 @@ def test_the_half_octave_rung_earns_branchy_c4_its_tree_at_the_measured_costs():
     assert octave[4] < 1.25, octave
     assert pol.summary()["4"]["current"] == 47, pol.summary()["4"]
     assert all(absent[bs] >= 0.99 for bs in (1, 4, 8)), absent
+
+
+# ms a round by the policy's meter, H100 §41 call 7 (F2: chain at bs 1 / 4 / 8, RUNGS_SCHEDULE)
+COST_H100_41_CHAIN = {
+    1: {0: 34.46, 3: 5.323, 7: 5.52, 15: 6.408, 31: 6.146, 36: 6.246, 47: 6.352, 64: 6.626},
+    4: {0: 34.46, 3: 5.323, 7: 5.52, 15: 6.488, 31: 8.488, 36: 7.634, 47: 7.983, 64: 9.323},
+    8: {0: 34.46, 3: 5.323, 7: 5.52, 15: 7.429, 31: 10.269, 36: 10.331, 47: 11.362},
+}
+
+
+def test_chain_runs_near_its_fixed_budgets_rate_once_follow_ups_ask_only_about_larger_trees():
+    """§41 F2 / F3, chain at c = 4 / 8: 0.95 / 0.87 and 0.78 / 0.98 x DFLASH, the slots' runs
+    `64x16 15x6 64x1 15x1 64x16`: follow-ups of the top budget, capped at 16 rounds of a tree
+    that costs 1.4 x as much for the same block. Replayed with F2's own costs after the check's
+    bs-1 requests, requests of 255 decoded tokens (the first comes from the prefill; the last
+    round is clipped): until 3aa2c80 follow-ups opened on a budget at or under the current one
+    (15's own 16 in a probe round against an EMA each clipped last round pulls under 16) or on
+    one whose cost was still borrowed from bs 1 (47 at 6.35 ms at bs 4; it costs 8.0 there):
+    0.74 / 0.71 x the best fixed budget at bs 4 / 8. Now a follow-up judges only budgets above
+    the current one with a cost of this slot's own (or the one it runs): >= 0.95 at bs 1 / 4
+    (one follow-up at bs 4, on its first probe); bs 8 0.91 (its slot starts from 15's accept of the absent rounds
+    until a trial; 0.96 on a server that meets chain first)."""
+    costs = COST_H100_41_CHAIN
+    pol = AdaptivePolicy(auto_schedule(64), nodraft_tokens=NODRAFT_TOKENS)
+    pending: collections.deque = collections.deque()
+    serve_level(pol, 1, "absent", pending, waves=3, costs=costs)
+    ratio = {bs: serve_level(pol, bs, "chain", pending, tokens=255, costs=costs, clip=True)
+             / max(fixed_rate(bs, "chain", n, tokens=255, costs=costs) for n in (15, 31))
+             for bs in (1, 4, 8)}
+    assert ratio[1] >= 0.95 and ratio[4] >= 0.95 and ratio[8] >= 0.9, ratio
+    # one at most: the first probe at bs 4, while the top's cost is still bs 1's (6.6 ms)
+    assert pol.summary()["4"]["follow_ups"]["opened"] <= 1, pol.summary()["4"]

@@ -746,7 +746,7 @@ class AdaptivePolicy:
         s.follow_backoff = min(self.follow_backoff_max, max(1, 2 * s.follow_backoff))
         s.follow_wait = s.follow_backoff
 
-    def _best_rate(self, s: Slot, accept: dict[int, float],
+    def _best_rate(self, s: Slot, accept: dict[int, float], ran: int,
                    cost: dict[int, float] | None = None) -> float:
         """Tokens per ms of the best drafting candidate above the current budget under
         ``accept``, at the measured costs (``cost`` overrides some of them). Only those: a
@@ -754,10 +754,14 @@ class AdaptivePolicy:
         in a lucky round beats its EMA by chance (H100 §41, chain at bs 4: budget 15 accepts
         the whole block, its EMA sat a little under 16, each probe opened a follow-up on 15's
         own figure and ran 16 rounds of budget 64 at 9.3 ms for what 15 earns in 6.5, capped
-        3 times of 4; chain c = 4 and 8 at 0.78-0.98 x DFLASH)."""
+        3 times of 4; chain c = 4 and 8 at 0.78-0.98 x DFLASH). And only those with a cost of
+        this slot's own, or ``ran`` (the follow-up measures it): one still borrowed from another
+        batch size is not this one's (replayed, chain at bs 4 after bs 1: budget 47 at bs 1's
+        6.35 ms, 8.0 at bs 4, opened follow-up after follow-up that never measured it)."""
         costs = s.cost | (cost or {})
         return max((v / costs[n] for n, v in accept.items()
-                    if n in s.candidates and n > max(0, s.current) and costs.get(n, 0) > 0),
+                    if n in s.candidates and n > max(0, s.current) and costs.get(n, 0) > 0
+                    and (n not in s.borrowed or n == ran)),
                    default=-math.inf)
 
     def _follow_up(self, s: Slot, accept_by_budget: dict[int, float], ran: int,
@@ -781,7 +785,7 @@ class AdaptivePolicy:
             self._end_follow_up(s)
             return
         if not s.confirming:
-            rate = self._best_rate(s, accept_by_budget)
+            rate = self._best_rate(s, accept_by_budget, ran)
             if rate > bar and s.follow_wait > 0 and rate < self.follow_strong * bar:
                 # after a follow-up ended behind, a probe that beats the bar by less than
                 # ``follow_strong`` x opens none until the back-off is spent (H200 §37, branchy
@@ -811,7 +815,7 @@ class AdaptivePolicy:
         # margin (``bar``). Ending at the margin too cut follow-ups of a tree 11 % ahead: the
         # mean of a few noisy rounds, looked at every round, dips under a 3 % margin often
         # (H100 §32's bs 8 replayed: 3 of 3 follow-ups ended on one seed, no draft in 91 %)
-        mean_rate = self._best_rate(s, {n: v / k for n, v in s.streak.items()}, own)
+        mean_rate = self._best_rate(s, {n: v / k for n, v in s.streak.items()}, ran, own)
         if mean_rate <= cur_v:
             s.follow_ups["ended"] += 1
             self._end_follow_up(s)
@@ -821,7 +825,7 @@ class AdaptivePolicy:
         w = self.follow_prior
         shrunk = {n: (w * s.prior.get(n, v / k) + v) / (w + k) for n, v in s.streak.items()
                   if n in s.candidates and n > 0}
-        if self._best_rate(s, shrunk, own) > bar:
+        if self._best_rate(s, shrunk, ran, own) > bar:
             # the EMAs above the current budget are stale (probes update only their accept);
             # the follow-up's own rounds are the fresh estimate: adopt it, so the slot switches
             # (a budget with rounds of its own keeps their estimate: ``_stale``)
