@@ -287,8 +287,8 @@ def test_chain_runs_near_its_fixed_budgets_rate_once_follow_ups_ask_only_about_l
     one whose cost was still borrowed from bs 1 (47 at 6.35 ms at bs 4; it costs 8.0 there):
     0.74 / 0.71 x the best fixed budget at bs 4 / 8. Now a follow-up judges only budgets above
     the current one with a cost of this slot's own (or the one it runs): >= 0.95 at bs 1 / 4
-    (one follow-up at bs 4, on its first probe); bs 8 0.91 (its slot starts from 15's accept of the absent rounds
-    until a trial; 0.96 on a server that meets chain first)."""
+    (one follow-up at bs 4, on its first probe); bs 8 0.91 (its slot starts from 15's accept of
+    the absent rounds until a trial; 0.96 on a server that meets chain first)."""
     costs = COST_H100_41_CHAIN
     pol = AdaptivePolicy(auto_schedule(64), nodraft_tokens=NODRAFT_TOKENS)
     pending: collections.deque = collections.deque()
