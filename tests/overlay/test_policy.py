@@ -243,6 +243,10 @@ def test_a_probe_due_on_the_round_after_a_prefill_waits_one_round():
     # deferred once only: with a prefill before every round the probe runs on the second
     s.since_probe = 300
     assert [pol.choose(1, after_prefill=True).budget for _ in range(3)] == [15, 64, 15]
+    assert pol.summary()["1"]["probes_deferred"] == 3
+    fresh = AdaptivePolicy(parse_schedule("1:0,15", 15))
+    fresh.choose(1)
+    assert "probes_deferred" not in fresh.summary()["1"]  # only where one was deferred
 
 
 def test_a_probe_that_only_confirms_the_current_budget_opens_no_follow_up():

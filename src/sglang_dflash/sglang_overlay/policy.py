@@ -287,6 +287,7 @@ class Slot:
     fresh_every: int = 0  # rounds between fresh-request probes while part of the batch is new
     probes_out: int = 0  # regular probes chosen and not yet observed (follow-up rounds are not)
     deferred: bool = False  # the probe now due was deferred off a round after a prefill
+    deferrals: int = 0  # probes so deferred (summary: ``probes_deferred``)
     switches: int = 0
     confirm_rounds: int = 0  # rounds probed in a row while confirming (capped at confirm_max)
     confirming: bool = False  # a follow-up is open: its rounds so far say a larger budget wins
@@ -460,6 +461,7 @@ class AdaptivePolicy:
                or (fresh >= self.fresh_probe and s.since_probe >= s.fresh_every))
         if due and after_prefill and not s.deferred:
             due, s.deferred = False, True  # once: a prefill before every round must not starve it
+            s.deferrals += 1
         elif due:
             s.deferred = False
         if s.confirming and s.confirm_rounds >= self.confirm_max:
@@ -852,6 +854,7 @@ class AdaptivePolicy:
                 "switches": s.switches,
                 "follow_ups": dict(s.follow_ups),
                 "trials": s.trials,
+                **({"probes_deferred": s.deferrals} if s.deferrals else {}),
                 "recent": " ".join(f"{n}x{c}" for n, c in s.runs),
                 **({"warm_from": s.warm_from} if s.warm_from else {}),
             }
