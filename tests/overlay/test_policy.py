@@ -247,6 +247,10 @@ def test_a_probe_due_on_the_round_after_a_prefill_waits_one_round():
     fresh = AdaptivePolicy(parse_schedule("1:0,15", 15))
     fresh.choose(1)
     assert "probes_deferred" not in fresh.summary()["1"]  # only where one was deferred
+    # a slot at its top budget probes nothing, so nothing is deferred (nor counted)
+    s.current, s.since_probe = 64, 300
+    assert [pol.choose(1, after_prefill=True).budget for _ in range(2)] == [64, 64]
+    assert pol.summary()["1"]["probes_deferred"] == 3
 
 
 def test_a_probe_that_only_confirms_the_current_budget_opens_no_follow_up():

@@ -459,14 +459,16 @@ class AdaptivePolicy:
         due = (s.since_probe >= s.probe_every
                or (fresh >= 1.0 and s.since_probe >= self.fresh_gap)
                or (fresh >= self.fresh_probe and s.since_probe >= s.fresh_every))
-        if due and after_prefill and not s.deferred:
+        if s.confirming and s.confirm_rounds >= self.confirm_max:
+            s.follow_ups["capped"] += 1  # no adoption within the cap: the evidence is marginal
+            self._end_follow_up(s)
+        # only a probe that would run now is deferred (and counted): not at the top budget,
+        # nor in a follow-up, whose rounds run whatever came before them
+        if due and after_prefill and not s.deferred and s.current != top and not s.confirming:
             due, s.deferred = False, True  # once: a prefill before every round must not starve it
             s.deferrals += 1
         elif due:
             s.deferred = False
-        if s.confirming and s.confirm_rounds >= self.confirm_max:
-            s.follow_ups["capped"] += 1  # no adoption within the cap: the evidence is marginal
-            self._end_follow_up(s)
         if s.current != top and (due or s.confirming):
             # a regular probe may open a follow-up; a follow-up probe counts toward its cap
             s.confirm_rounds = s.confirm_rounds + 1 if s.confirming else 0
