@@ -299,3 +299,54 @@ def test_chain_runs_near_its_fixed_budgets_rate_once_follow_ups_ask_only_about_l
     assert ratio[1] >= 0.95 and ratio[4] >= 0.95 and ratio[8] >= 0.9, ratio
     # one at most: the first probe at bs 4, while the top's cost is still bs 1's (6.6 ms)
     assert pol.summary()["4"]["follow_ups"]["opened"] <= 1, pol.summary()["4"]
+
+
+# ms a round by the policy's meter, H100 §43 (call G, 2026-12-07-h100-p): the branchy slots'
+# cost_ms at bs 1 / 2 / 4 / 8 at the end of the grid's branchy levels (no draft: bs 1's).
+COST_H100_43 = {
+    1: {0: 34.62, 3: 6.672, 7: 6.671, 15: 6.261, 31: 7.124, 47: 6.425, 64: 7.165},
+    2: {0: 34.62, 3: 6.677, 7: 7.046, 15: 7.162, 31: 7.275, 47: 7.352, 64: 7.551},
+    4: {0: 34.62, 3: 6.638, 7: 6.955, 15: 7.117, 31: 7.181, 47: 8.165, 64: 8.898},
+    8: {0: 34.62, 3: 6.804, 7: 7.247, 15: 7.563, 31: 8.683, 47: 10.989},
+}
+
+
+def _grid_g(pol, order) -> tuple[dict, dict]:
+    """Call G's order on one server: the check's bs-1 requests on the first regime, then c = 1 /
+    2 / 4 / 8 per regime at §43's costs (255-token requests, the last round clipped). Each
+    level's rate over its best fixed budget, and each regime's switches per slot."""
+    costs, pending = COST_H100_43, collections.deque()
+    serve_level(pol, 1, order[0], pending, waves=3, costs=costs)
+    ratio, switches = {}, {}
+    for regime in order:
+        before = {bs: s.switches for bs, s in pol.slots.items()}
+        for bs in (1, 2, 4, 8):
+            rate = serve_level(pol, bs, regime, pending, tokens=255, costs=costs, clip=True)
+            ratio[regime, bs] = rate / max(fixed_rate(bs, regime, n, tokens=255, costs=costs)
+                                           for n in costs[bs])
+        switches[regime] = {bs: s.switches - before.get(bs, 0) for bs, s in pol.slots.items()}
+    return ratio, switches
+
+
+def test_a_change_of_traffic_is_followed_at_once_not_budget_by_budget():
+    """§43: one server served chain, then branchy, then absent; after chain every budget's
+    estimate was chain's (3 / 7 / 15 / 31 / 47 at 4 / 8 / 16 / 16 / 16), and an estimate of a
+    budget's own rounds moves only when it runs, by 0.05 a round: on branchy each looked best
+    in turn (63-67 switches in a level at bs 2 / 4 on the GPU; 0.81 / 0.87 x fixed N = 47 where a
+    server that met branchy first ran 0.99 / 0.97). Replayed in that order with that lease's
+    costs: 45 / 59 / 44 switches at bs 2 / 4 / 8 and 0.943 / 0.930 / 0.940 x the best fixed
+    budget on `77f9425`. Now a window of the current budget's own rounds that lands far off its
+    estimate (50 % and 2.5 standard errors) replaces it, sends the other budgets' own estimates
+    back to their counterfactuals and probes: <= 20 switches and >= 0.96 there; on a server
+    that meets branchy first nothing changes (the same ratios within 0.01)."""
+    ratio, switches = _grid_g(AdaptivePolicy(auto_schedule(64), nodraft_tokens=NODRAFT_TOKENS),
+                              ("chain", "branchy", "absent"))
+    for bs in (2, 4, 8):
+        assert switches["branchy"][bs] <= 20, switches
+        assert ratio["branchy", bs] >= 0.96, ratio
+    assert all(ratio["absent", bs] >= 0.98 for bs in (1, 2, 4, 8)), ratio
+    assert all(ratio["chain", bs] >= 0.96 for bs in (1, 2, 4, 8)), ratio
+    first, _ = _grid_g(AdaptivePolicy(auto_schedule(64), nodraft_tokens=NODRAFT_TOKENS),
+                       ("branchy", "absent"))
+    for bs in (2, 4, 8):
+        assert ratio["branchy", bs] >= first["branchy", bs] - 0.01, (ratio, first)

@@ -324,6 +324,8 @@ class Slot:
     trial_from: int = 0  # the observed round count when the latest trial began
     run_k: int = 0  # steady rounds of the run the latest observed round belongs to
     run_sum: float = 0.0  # their accepts
+    shifts: int = 0  # changes of traffic the current budget's rounds showed (``_follow_shift``)
+    tail: dict[int, list[float]] = field(default_factory=dict)  # own rounds since a test
 
 
 @dataclass(frozen=True)
@@ -363,6 +365,8 @@ class AdaptivePolicy:
         trial_min: int = 256,
         trial_max: int = 4096,
         drift: float = 0.5,
+        shift_rounds: int = 8,
+        shift_z: float = 2.5,
         bias: float = 1.5,
     ):
         self.schedule = schedule
@@ -386,6 +390,8 @@ class AdaptivePolicy:
         self.trial_min = trial_min
         self.trial_max = trial_max
         self.drift = drift
+        self.shift_rounds = max(2, shift_rounds)
+        self.shift_z = shift_z
         self.bias = bias
         self.slots: dict[int, Slot] = {}
         self._cost_seen: dict[tuple[int, int], int] = {}
@@ -590,6 +596,45 @@ class AdaptivePolicy:
                 best, best_score = m, score
         return best
 
+    def _follow_shift(self, s: Slot, padded_bs: int, ran: int, done: float) -> None:
+        """The traffic changed when a window of the current budget's own steady rounds (every
+        ``shift_rounds`` of them, not overlapping) earns more than ``drift`` away from its
+        accept estimate and more than ``shift_z`` standard errors (the window's spread, and
+        no less than a geometric draw's at the estimate over the batch's requests: at bs 1
+        one request's accept is such a draw, and 8 of them are often 50 % off). Then the
+        window's mean replaces the estimate, as a trial's does; every other budget's own
+        estimate, from the old traffic, goes back to what the larger trees' rounds say of it
+        (``cf``); and the next round probes. Without it an own estimate moved only when its
+        budget ran, by ``alpha`` a round, so a slot that met new traffic tried each stale
+        budget in turn (H100 §43: chain, then branchy on one server — the bs-2 / bs-4 slots
+        with chain's 4 / 8 / 16 / 16 for 3 / 7 / 15 / 31 switched 63 / 67 times in a level and
+        ran 0.81 / 0.87 x fixed N = 47, where a server that met branchy first ran 0.99 / 0.97;
+        replayed in tests/overlay/test_policy_plant.py). The current budget only: a
+        follow-up's rounds have their own, shrunk, judgement."""
+        tail = s.tail.setdefault(ran, [])
+        tail.append(done)
+        k, old = len(tail), s.accept.get(ran)
+        if k < self.shift_rounds or old is None:
+            return
+        s.tail[ran] = []  # windows do not overlap: one test per window
+        mean = sum(tail) / k
+        # the spread of a round's mean accept: the window's own, and no less than a geometric
+        # draw's with the estimate's mean over the batch's requests
+        sd = max(math.sqrt(sum((v - mean) ** 2 for v in tail) / (k - 1)),
+                 math.sqrt(max(old - 1.0, 0.0) * old / max(padded_bs, 1)))
+        if abs(mean - old) <= max(self.drift * old, self.shift_z * sd / math.sqrt(k)):
+            return
+        s.accept[ran] = mean
+        s.own[ran], s.own_at[ran] = max(s.own.get(ran, 0), k), s.rounds
+        for m in s.candidates:
+            if 0 < m < s.candidates[-1] and m != ran and s.own.get(m):
+                s.own[m] = 0
+                if m in s.cf:
+                    s.accept[m] = s.cf[m]
+        s.since_probe = max(s.since_probe, s.probe_every)
+        s.shifts += 1
+        s.tail = {}
+
     def value(self, s: Slot, n: int) -> float:
         """Expected tokens per ms of budget n; -inf while either EMA is unknown."""
         acc = s.accept.get(n)
@@ -660,6 +705,8 @@ class AdaptivePolicy:
             if n > 0:
                 old = self.pooled.get(n)
                 self.pooled[n] = ema(old, v, a)
+        if steady and ran > 0 and ran == s.current and not in_trial:
+            self._follow_shift(s, padded_bs, ran, done)
         # a regular probe's cost is not a sample: one tree round among no-draft rounds costs
         # more than the same round in a run of them (H200 2026-12-05, meter: budget 64 at bs 1
         # 8.2 ms fed by probes, 5.5-6.5 in a run; 31 at bs 8 10.9 against 7.8), and a slot that
@@ -856,6 +903,7 @@ class AdaptivePolicy:
                 "switches": s.switches,
                 "follow_ups": dict(s.follow_ups),
                 "trials": s.trials,
+                **({"shifts": s.shifts} if s.shifts else {}),
                 **({"probes_deferred": s.deferrals} if s.deferrals else {}),
                 "recent": " ".join(f"{n}x{c}" for n, c in s.runs),
                 **({"warm_from": s.warm_from} if s.warm_from else {}),
