@@ -21,6 +21,10 @@ that earns nothing makes every round a loss, so the budget is chosen per round:
   that budget in a row, when it is old (``trial_min`` rounds, doubling) or the larger trees'
   counterfactual for it has moved (the traffic changed), and only where the budget could pay
   at the top budget's accept (``_stale``).
+* A **change of traffic** shows in the current budget's own rounds: a window of them far off
+  its estimate replaces it, sends every other own estimate (the old traffic's) back to the
+  larger trees' counterfactuals, and probes (``_follow_shift``; H100 §43: without it a slot
+  that met branchy after chain tried each stale budget in turn, 63-67 switches in a level).
 * The slot picks the candidate with the most tokens per millisecond. Budgets above the running
   one are unseen, so the slot runs its largest candidate once every ``probe`` rounds; the probe
   interval doubles while probes confirm the choice (the probing overhead falls to <1 %).
