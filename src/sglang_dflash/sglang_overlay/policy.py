@@ -370,7 +370,6 @@ class AdaptivePolicy:
         trial_max: int = 4096,
         drift: float = 0.5,
         shift_rounds: int = 8,
-        shift_z: float = 2.5,
         bias: float = 1.5,
     ):
         self.schedule = schedule
@@ -395,7 +394,6 @@ class AdaptivePolicy:
         self.trial_max = trial_max
         self.drift = drift
         self.shift_rounds = max(2, shift_rounds)
-        self.shift_z = shift_z
         self.bias = bias
         self.slots: dict[int, Slot] = {}
         self._cost_seen: dict[tuple[int, int], int] = {}
@@ -600,34 +598,32 @@ class AdaptivePolicy:
                 best, best_score = m, score
         return best
 
-    def _follow_shift(self, s: Slot, padded_bs: int, ran: int, done: float) -> None:
-        """The traffic changed when a window of the current budget's own steady rounds (every
-        ``shift_rounds`` of them, not overlapping) earns more than ``drift`` away from its
-        accept estimate and more than ``shift_z`` standard errors (the window's spread, and
-        no less than a geometric draw's at the estimate over the batch's requests: at bs 1
-        one request's accept is such a draw, and 8 of them are often 50 % off). Then the
-        window's mean replaces the estimate, as a trial's does; every other budget's own
-        estimate, from the old traffic, goes back to what the larger trees' rounds say of it
-        (``cf``); and the next round probes. Without it an own estimate moved only when its
-        budget ran, by ``alpha`` a round, so a slot that met new traffic tried each stale
-        budget in turn (H100 §43: chain, then branchy on one server — the bs-2 / bs-4 slots
-        with chain's 4 / 8 / 16 / 16 for 3 / 7 / 15 / 31 switched 63 / 67 times in a level and
-        ran 0.81 / 0.87 x fixed N = 47, where a server that met branchy first ran 0.99 / 0.97;
-        replayed in tests/overlay/test_policy_plant.py). The current budget only: a
-        follow-up's rounds have their own, shrunk, judgement."""
+    def _follow_shift(self, s: Slot, ran: int, done: float) -> None:
+        """The traffic changed when every round of a window of the current budget's own steady
+        rounds (every ``shift_rounds`` of them, not overlapping) earns more than ``drift`` away
+        from its accept estimate, all on the same side. A sign test, not a mean's: one
+        request's accept at bs 1 is a geometric draw, so a mean of 8 is often 50 % off while
+        all 8 below half its mean happen once in 10^3 to 10^4 windows, and no spread estimate is
+        needed (a normal test with a geometric's spread could not tell a drop from 16 to 2.7
+        at bs 1). Then the window's mean replaces the estimate, as a trial's does; every other
+        budget's own estimate, from the old traffic, goes back to what the larger trees'
+        rounds say of it (``cf``); and the next round probes. Without it an own estimate moved
+        only when its budget ran, by ``alpha`` a round, so a slot that met new traffic tried
+        each stale budget in turn (H100 §43: chain, then branchy on one server — the bs-2 /
+        bs-4 slots with chain's 4 / 8 / 16 / 16 for 3 / 7 / 15 / 31 switched 63 / 67 times in a
+        level and ran 0.81 / 0.87 x fixed N = 47, where a server that met branchy first ran
+        0.99 / 0.97; replayed in tests/overlay/test_policy_plant.py). The current budget only:
+        a follow-up's rounds have their own, shrunk, judgement."""
         tail = s.tail.setdefault(ran, [])
         tail.append(done)
         k, old = len(tail), s.accept.get(ran)
         if k < self.shift_rounds or old is None:
             return
         s.tail[ran] = []  # windows do not overlap: one test per window
-        mean = sum(tail) / k
-        # the spread of a round's mean accept: the window's own, and no less than a geometric
-        # draw's with the estimate's mean over the batch's requests
-        sd = max(math.sqrt(sum((v - mean) ** 2 for v in tail) / (k - 1)),
-                 math.sqrt(max(old - 1.0, 0.0) * old / max(padded_bs, 1)))
-        if abs(mean - old) <= max(self.drift * old, self.shift_z * sd / math.sqrt(k)):
+        lo, hi = (1 - self.drift) * old, (1 + self.drift) * old
+        if not (all(v < lo for v in tail) or all(v > hi for v in tail)):
             return
+        mean = sum(tail) / k
         s.accept[ran] = mean
         s.own[ran], s.own_at[ran] = max(s.own.get(ran, 0), k), s.rounds
         for m in s.candidates:
@@ -710,7 +706,7 @@ class AdaptivePolicy:
                 old = self.pooled.get(n)
                 self.pooled[n] = ema(old, v, a)
         if steady and ran > 0 and ran == s.current and not in_trial:
-            self._follow_shift(s, padded_bs, ran, done)
+            self._follow_shift(s, ran, done)
         # a regular probe's cost is not a sample: one tree round among no-draft rounds costs
         # more than the same round in a run of them (H200 2026-12-05, meter: budget 64 at bs 1
         # 8.2 ms fed by probes, 5.5-6.5 in a run; 31 at bs 8 10.9 against 7.8), and a slot that
