@@ -712,15 +712,36 @@ def test_the_wall_of_a_round_after_a_prefill_is_kept_apart():
     schedule its 55-77 ms wall holds the rest of the prefill's forward."""
     pol = AdaptivePolicy(parse_schedule("1:0,31", 31), nodraft_tokens=8)
     pol.observe_wall(16, 0, 32.0)
+    pol.observe_wall(16, 31, 140.0, after_prefill=True)  # its first: kept apart again
     pol.observe_wall(16, 31, 70.0, after_prefill=True)
     pol.observe_wall(16, 31, 66.0, after_prefill=True)
     pol.observe_wall(16, 31, 11.0)
     one = pol.summary()["16"]
     assert one["wall_ms"] == {"0": 32.0, "31": 11.0}
     assert one["wall_after_prefill_ms"] == {"31": 69.8}  # its own EMA at alpha 0.05
+    assert one["wall_after_prefill_first_ms"] == {"31": 140.0}
     assert one["wall_max_ms"] == {"0": 32.0, "31": 11.0} and one["stalls"] == 0
     assert "wall_after_prefill_ms" not in AdaptivePolicy(
         parse_schedule("1:0,31", 31), nodraft_tokens=8).summary().get("16", {})
+
+
+def test_a_budgets_first_wall_after_a_prefill_does_not_seed_the_ema():
+    """H100 §43, bs 1 on chain: the top budget's cold-start round came right after the first
+    prefill with the width's one-off costs, and the EMA held it (139.6 ms, falling only by what
+    the rare later samples of ~7 ms gave): that first wall is reported apart, the EMA starts at
+    the second, and a budget with one such wall has no EMA yet."""
+    pol = AdaptivePolicy(parse_schedule("1:0,15,64", 64), nodraft_tokens=8)
+    pol.observe_wall(1, 64, 400.0, after_prefill=True)
+    one = pol.summary()["1"]
+    assert one["wall_after_prefill_first_ms"] == {"64": 400.0}
+    assert "wall_after_prefill_ms" not in one
+    for wall in (7.0, 7.0, 7.0):
+        pol.observe_wall(1, 64, wall, after_prefill=True)
+    pol.observe_wall(1, 15, 7.5, after_prefill=True)
+    one = pol.summary()["1"]
+    assert one["wall_after_prefill_ms"] == {"64": 7.0}
+    assert one["wall_after_prefill_first_ms"] == {"15": 7.5, "64": 400.0}
+    assert one["wall_ms"] == {}  # the walls after a prefill stay out of it
 
 
 def serve_arrivals(cost, top, bs, nreq, mean, seed=0, lag=3):

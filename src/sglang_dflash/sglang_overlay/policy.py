@@ -311,6 +311,9 @@ class Slot:
     # the walls of rounds right after a prefill, apart: under SGLang's overlap schedule such a
     # round's wall also waits out the prefill's forward (``observe_wall``)
     wall_after_prefill: dict[int, float] = field(default_factory=dict)
+    # the first such wall of each budget, apart again: at a cold start it is the width's first
+    # round too, with its one-off costs (``observe_wall``)
+    wall_after_prefill_first: dict[int, float] = field(default_factory=dict)
     warm_from: int = 0  # the padded batch size whose EMAs it started from (0: a cold start)
     borrowed: set[int] = field(default_factory=set)  # budgets whose cost is still borrowed
     own: dict[int, int] = field(default_factory=dict)  # own steady rounds in the accept EMA
@@ -766,12 +769,21 @@ class AdaptivePolicy:
         round, so its wall holds the rest of the prefill's forward — the suspect behind the
         probes' 55-77 ms walls (H200 §37: a wave's probe is the round after its prefill; a
         regular probe's cost is not a sample, so the slot's cost for that budget was still the
-        one borrowed from bs 1). Kept apart (``wall_after_prefill_ms``), out of the EMA."""
+        one borrowed from bs 1). Kept apart (``wall_after_prefill_ms``), out of the EMA; and a
+        budget's first such wall apart from that (``wall_after_prefill_first_ms``): at the slot's
+        cold start the top budget's first round comes right after the first request's prefill
+        and carries the width's one-off costs, and with probes deferred off that round (``choose``)
+        few later samples come to dilute it (H100 §43, bs 1 on chain: the EMA of budget 64 at 139.6
+        ms fell by exactly what samples of ~7 ms give, 126.6 / 114.8 / 109.6 after 2 / 2 / 1 more,
+        where the other budgets walled 7.3-7.8 after a prefill)."""
         if wall_ms <= 0:
             return
         s = self.slot(padded_bs)
         if after_prefill:
-            s.wall_after_prefill[ran] = ema(s.wall_after_prefill.get(ran), wall_ms, self.alpha)
+            if ran not in s.wall_after_prefill_first:
+                s.wall_after_prefill_first[ran] = wall_ms
+            else:
+                s.wall_after_prefill[ran] = ema(s.wall_after_prefill.get(ran), wall_ms, self.alpha)
             return
         old = s.wall.get(ran)
         # the longest and the count of pauses, for the summary: a request waiting 0.5 s for
@@ -898,6 +910,9 @@ class AdaptivePolicy:
                 **({"wall_after_prefill_ms": {str(n): round(v, 3) for n, v in
                                               sorted(s.wall_after_prefill.items())}}
                    if s.wall_after_prefill else {}),
+                **({"wall_after_prefill_first_ms": {
+                    str(n): round(v, 3) for n, v in sorted(s.wall_after_prefill_first.items())}}
+                   if s.wall_after_prefill_first else {}),
                 "stalls": s.stalls,
                 "rounds": s.rounds,
                 "switches": s.switches,
