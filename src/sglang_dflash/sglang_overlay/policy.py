@@ -101,6 +101,11 @@ def ema(old: float | None, value: float, alpha: float) -> float:
     return value if old is None else (1 - alpha) * old + alpha * value
 
 
+def by_budget(values: dict[int, float], digits: int = 3) -> dict[str, float]:
+    """A per-budget map as the summary writes it: keys as strings in budget order, rounded."""
+    return {str(n): round(v, digits) for n, v in sorted(values.items())}
+
+
 def is_pause(gap_ms: float, span_ms: float) -> bool:
     """Whether ``gap_ms`` (start to the next round's start, or the host's time between two
     choices) is a pause rather than a cost, against ``span_ms`` (the round's own span, or
@@ -907,15 +912,13 @@ class AdaptivePolicy:
             str(bs): {
                 "current": s.current,
                 "candidates": list(s.candidates),
-                "accept": {str(n): round(v, 3) for n, v in sorted(s.accept.items())},
-                "cost_ms": {str(n): round(v, 3) for n, v in sorted(s.cost.items())},
-                "wall_ms": {str(n): round(v, 3) for n, v in sorted(s.wall.items())},
-                "wall_max_ms": {str(n): round(v, 1) for n, v in sorted(s.wall_max.items())},
-                **({"wall_after_prefill_ms": {str(n): round(v, 3) for n, v in
-                                              sorted(s.wall_after_prefill.items())}}
+                "accept": by_budget(s.accept),
+                "cost_ms": by_budget(s.cost),
+                "wall_ms": by_budget(s.wall),
+                "wall_max_ms": by_budget(s.wall_max, 1),
+                **({"wall_after_prefill_ms": by_budget(s.wall_after_prefill)}
                    if s.wall_after_prefill else {}),
-                **({"wall_after_prefill_first_ms": {
-                    str(n): round(v, 3) for n, v in sorted(s.wall_after_prefill_first.items())}}
+                **({"wall_after_prefill_first_ms": by_budget(s.wall_after_prefill_first)}
                    if s.wall_after_prefill_first else {}),
                 "stalls": s.stalls,
                 "rounds": s.rounds,
