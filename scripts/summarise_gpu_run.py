@@ -397,8 +397,8 @@ def refold(value: object) -> object:
 def refold_summary(path: Path) -> tuple[int, int]:
     """Fold one summary file in place; (bytes before, bytes after). SummaryError when it is
     not a summary this script wrote."""
-    before = path.stat().st_size
     try:
+        before = path.stat().st_size
         summary = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise SummaryError(f"{path}: not a readable JSON summary ({exc})") from None

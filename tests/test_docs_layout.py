@@ -494,3 +494,8 @@ def test_refold_shrinks_a_summary_and_keeps_what_the_rules_need(tmp_path, capsys
     assert summarise_gpu_run.main(["--refold", str(not_summary)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a sglang-dflash-gpu-run-summary/1 summary" in err[0]
+    # a path that is not there: one line, not a traceback (it crashed in stat() before the
+    # reading's own error handling, 2026-12-07)
+    assert summarise_gpu_run.main(["--refold", str(tmp_path / "missing.json")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "missing.json: not a readable JSON summary" in err[0]
