@@ -326,6 +326,7 @@ class Slot:
     trial_every: dict[int, int] = field(default_factory=dict)  # staleness that earns a trial
     cf: dict[int, float] = field(default_factory=dict)  # accept EMAs from larger trees' rounds
     cf_ref: dict[int, float] = field(default_factory=dict)  # cf when its own was last sampled
+    retry: set[int] = field(default_factory=set)  # sent back to ``cf`` by a shift, untried since
     trial_obs: int = -1  # the budget whose trial rounds ``observe`` is collecting
     trial_seen: int = 0  # its rounds observed so far
     trial_acc: list[float] = field(default_factory=list)  # their accepts (the first left out)
@@ -536,6 +537,7 @@ class AdaptivePolicy:
             if s.trial_acc:
                 s.accept[m] = sum(s.trial_acc) / len(s.trial_acc)
                 s.own[m] = len(s.trial_acc)
+                s.retry.discard(m)
                 if m in s.cf:
                     s.cf_ref[m] = s.cf[m]
             if s.trial_cost:  # its cost too: the EMA may hold a width's first rounds (§36)
@@ -560,7 +562,11 @@ class AdaptivePolicy:
         budget 3 would have paid). So each such budget is run again, a few rounds in a row,
         once its estimate is ``trial_every`` rounds old (doubling from ``trial_min`` after each
         trial, reset by a switch), or at once when the larger trees' counterfactual for it has
-        moved by ``drift`` since its own rounds ran (the traffic changed).
+        moved by ``drift`` since its own rounds ran (the traffic changed). A budget a shift sent
+        back to its counterfactual (``retry``) may be tried too, though it has no own estimate:
+        left to the counterfactual, which moves by alpha a round, it kept the old traffic's for
+        ~30 rounds (H100 §45, D3: a bs-16 slot ran 31 for 29 rounds on chain after branchy where
+        15 accepts the same 16 for 0.78 x the cost; replayed 37 -> 24 rounds of 31).
         """
         top = s.candidates[-1]
         if s.trial_obs >= 0:
@@ -578,7 +584,7 @@ class AdaptivePolicy:
         bar = max(self.value(s, s.current), run_value) * (1 + self.hysteresis)
         best, best_score = None, 1.0
         for m in s.candidates:
-            if m >= top or m == s.current or (m > 0 and not s.own.get(m)):
+            if m >= top or m == s.current or (m > 0 and not s.own.get(m) and m not in s.retry):
                 continue
             cost = s.cost.get(m, 0.0)
             if cost <= 0:
@@ -615,7 +621,8 @@ class AdaptivePolicy:
         needed (a normal test with a geometric's spread could not tell a drop from 16 to 2.7
         at bs 1). Then the window's mean replaces the estimate, as a trial's does; every other
         budget's own estimate, from the old traffic, goes back to what the larger trees'
-        rounds say of it (``cf``); and the next round probes. Without it an own estimate moved
+        rounds say of it (``cf``), to be tried again (``retry``, ``_stale``); and the next round
+        probes. Without it an own estimate moved
         only when its budget ran, by ``alpha`` a round, so a slot that met new traffic tried
         each stale budget in turn (H100 §43: chain, then branchy on one server — the bs-2 /
         bs-4 slots with chain's 4 / 8 / 16 / 16 for 3 / 7 / 15 / 31 switched 63 / 67 times in a
@@ -641,6 +648,7 @@ class AdaptivePolicy:
         for m in s.candidates:
             if 0 < m < s.candidates[-1] and m != ran and s.own.get(m):
                 s.own[m] = 0
+                s.retry.add(m)
                 if m in s.cf:
                     s.accept[m] = s.cf[m]
         s.since_probe = max(s.since_probe, s.probe_every)
