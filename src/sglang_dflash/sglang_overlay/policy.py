@@ -312,6 +312,7 @@ class Slot:
     runs: list[list[int]] = field(default_factory=list)  # recent [budget, rounds] runs
     wall: dict[int, float] = field(default_factory=dict)  # host ms round to round (a check)
     wall_max: dict[int, float] = field(default_factory=dict)  # the longest, pauses included
+    wall_n: dict[int, int] = field(default_factory=dict)  # samples in ``wall`` (``observe_wall``)
     stalls: int = 0  # host walls the pause rule left out of the EMA
     # the walls of rounds right after a prefill, apart: under SGLang's overlap schedule such a
     # round's wall also waits out the prefill's forward (``observe_wall``)
@@ -810,7 +811,13 @@ class AdaptivePolicy:
         if old is not None and is_pause(wall_ms, old):
             s.stalls += 1
             return
-        s.wall[ran] = ema(old, wall_ms, self.alpha)
+        # the cheapest of a budget's first few walls starts the EMA, as the meter's cost does: a
+        # width's first rounds in a slot carry one-off costs (H100 §45: budget 31's first round
+        # at bs 2 / 4 walled 92-93 ms on a server compiling the DDTree kernels, its later ones
+        # ~7, and the EMA read 47 / 85 ms a level later)
+        n = s.wall_n[ran] = s.wall_n.get(ran, 0) + 1
+        first = old is not None and n <= self.cost_samples
+        s.wall[ran] = min(old, wall_ms) if first else ema(old, wall_ms, self.alpha)
 
     @staticmethod
     def _end_follow_up(s: Slot) -> None:
