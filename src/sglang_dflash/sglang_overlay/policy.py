@@ -625,8 +625,9 @@ class AdaptivePolicy:
         rounds say of it (``cf``), to be tried again (``retry``, ``_stale``); and the next round
         probes. Without it an own estimate moved only when its budget ran, by ``alpha`` a round,
         so a slot that met new traffic tried each stale budget in turn (H100 §43: chain, then
-        branchy on one server — the bs-2 / bs-4 slots with chain's 4 / 8 / 16 / 16 for 3 / 7 / 15 / 31 switched 63 / 67 times in a
-        level and ran 0.81 / 0.87 x fixed N = 47, where a server that met branchy first ran
+        branchy on one server — the bs-2 / bs-4 slots with chain's 4 / 8 / 16 / 16 for 3 / 7 /
+        15 / 31 switched 63 / 67 times in a level and ran 0.81 / 0.87 x fixed N = 47, where a
+        server that met branchy first ran
         0.99 / 0.97; replayed in tests/overlay/test_policy_plant.py). The current budget only:
         a follow-up's rounds have their own, shrunk, judgement. A budget's window keeps its
         rounds across its runs until 8 are in: in a cascade each run is 4-7 rounds, and windows
