@@ -616,24 +616,23 @@ class AdaptivePolicy:
     def _follow_shift(self, s: Slot, ran: int, done: float) -> None:
         """The traffic changed when every round of a window of the current budget's own steady
         rounds (every ``shift_rounds`` of them, not overlapping) earns more than ``drift`` away
-        from its accept estimate, all on the same side. A sign test, not a mean's: one
-        request's accept at bs 1 is a geometric draw, so a mean of 8 is often 50 % off while
-        all 8 below half its mean happen once in 10^3 to 10^4 windows, and no spread estimate is
-        needed (a normal test with a geometric's spread could not tell a drop from 16 to 2.7
-        at bs 1). Then the window's mean replaces the estimate, as a trial's does; every other
-        budget's own estimate, from the old traffic, goes back to what the larger trees'
-        rounds say of it (``cf``), to be tried again (``retry``, ``_stale``); and the next round
-        probes. Without it an own estimate moved only when its budget ran, by ``alpha`` a round,
-        so a slot that met new traffic tried each stale budget in turn (H100 §43: chain, then
-        branchy on one server — the bs-2 / bs-4 slots with chain's 4 / 8 / 16 / 16 for 3 / 7 /
-        15 / 31 switched 63 / 67 times in a level and ran 0.81 / 0.87 x fixed N = 47, where a
-        server that met branchy first ran
-        0.99 / 0.97; replayed in tests/overlay/test_policy_plant.py). The current budget only:
-        a follow-up's rounds have their own, shrunk, judgement. A budget's window keeps its
-        rounds across its runs until 8 are in: in a cascade each run is 4-7 rounds, and windows
-        emptied at every switch never filled (replayed: 55 / 45 / 59 / 44 switches at bs 1 / 2 /
-        4 / 8, as with no rule at all). Old rounds in a window can only delay a shift, not fire
-        one: every round must be off on the same side."""
+        from its accept estimate, all on the same side. A sign test, not a mean's: one request's
+        accept at bs 1 is a geometric draw, so a mean of 8 is often 50 % off while all 8 below
+        half its mean happen once in 10^3 to 10^4 windows, and no spread estimate is needed (a
+        normal test with a geometric's spread could not tell a drop from 16 to 2.7 at bs 1). Then
+        the window's mean replaces the estimate, as a trial's does; every other budget's own
+        estimate, from the old traffic, goes back to what the larger trees' rounds say of it
+        (``cf``), to be tried again (``retry``, ``_stale``); and the next round probes. Without
+        it an own estimate moved only when its budget ran, by ``alpha`` a round, so a slot that
+        met new traffic tried each stale budget in turn (H100 §43: chain, then branchy on one
+        server — the bs-2 / bs-4 slots with chain's 4 / 8 / 16 / 16 for 3 / 7 / 15 / 31 switched
+        63 / 67 times in a level and ran 0.81 / 0.87 x fixed N = 47, where a server that met
+        branchy first ran 0.99 / 0.97; replayed in tests/overlay/test_policy_plant.py). The
+        current budget only: a follow-up's rounds have their own, shrunk, judgement. A budget's
+        window keeps its rounds across its runs until 8 are in: in a cascade each run is 4-7
+        rounds, and windows emptied at every switch never filled (replayed: 55 / 45 / 59 / 44
+        switches at bs 1 / 2 / 4 / 8, as with no rule at all). Old rounds in a window can only
+        delay a shift, not fire one: every round must be off on the same side."""
         tail = s.tail.setdefault(ran, [])
         tail.append(done)
         k, old = len(tail), s.accept.get(ran)
