@@ -101,6 +101,17 @@ def ema(old: float | None, value: float, alpha: float) -> float:
     return value if old is None else (1 - alpha) * old + alpha * value
 
 
+def ema_from_cheapest(old: float | None, value: float, n: int, samples: int,
+                      alpha: float) -> float:
+    """``ema``, but while ``n`` (this sample's count) is within the first ``samples`` the
+    cheapest so far holds: a width's first rounds in a slot carry one-off costs, and an EMA
+    seeded by one of them stays too dear for long (H100 §36, §45). Too cheap a start is
+    corrected by running; too dear, never."""
+    if old is not None and n <= samples:
+        return min(old, value)
+    return ema(old, value, alpha)
+
+
 def by_budget(values: dict[int, float], digits: int = 3) -> dict[str, float]:
     """A per-budget map as the summary writes it: keys as strings in budget order, rounded."""
     return {str(n): round(v, digits) for n, v in sorted(values.items())}
@@ -327,7 +338,6 @@ class Slot:
     trial_every: dict[int, int] = field(default_factory=dict)  # staleness that earns a trial
     cf: dict[int, float] = field(default_factory=dict)  # accept EMAs from larger trees' rounds
     cf_ref: dict[int, float] = field(default_factory=dict)  # cf when its own was last sampled
-    retry: set[int] = field(default_factory=set)  # sent back to ``cf`` by a shift, untried since
     trial_obs: int = -1  # the budget whose trial rounds ``observe`` is collecting
     trial_seen: int = 0  # its rounds observed so far
     trial_acc: list[float] = field(default_factory=list)  # their accepts (the first left out)
@@ -538,7 +548,6 @@ class AdaptivePolicy:
             if s.trial_acc:
                 s.accept[m] = sum(s.trial_acc) / len(s.trial_acc)
                 s.own[m] = len(s.trial_acc)
-                s.retry.discard(m)
                 if m in s.cf:
                     s.cf_ref[m] = s.cf[m]
             if s.trial_cost:  # its cost too: the EMA may hold a width's first rounds (§36)
@@ -564,7 +573,7 @@ class AdaptivePolicy:
         once its estimate is ``trial_every`` rounds old (doubling from ``trial_min`` after each
         trial, reset by a switch), or at once when the larger trees' counterfactual for it has
         moved by ``drift`` since its own rounds ran (the traffic changed). A budget a shift sent
-        back to its counterfactual (``retry``) may be tried too, though it has no own estimate:
+        back to its counterfactual (``own`` 0) may be tried too, though it has no own estimate:
         left to the counterfactual, which moves by alpha a round, it kept the old traffic's for
         ~30 rounds (H100 §45, D3: a bs-16 slot ran 31 for 29 rounds on chain after branchy where
         15 accepts the same 16 for 0.78 x the cost; replayed 37 -> 24 rounds of 31).
@@ -585,7 +594,8 @@ class AdaptivePolicy:
         bar = max(self.value(s, s.current), run_value) * (1 + self.hysteresis)
         best, best_score = None, 1.0
         for m in s.candidates:
-            if m >= top or m == s.current or (m > 0 and not s.own.get(m) and m not in s.retry):
+            # a budget with no own rounds is not tried, unless a shift reset them (``own`` 0)
+            if m >= top or m == s.current or (m > 0 and m not in s.own):
                 continue
             cost = s.cost.get(m, 0.0)
             if cost <= 0:
@@ -622,7 +632,7 @@ class AdaptivePolicy:
         normal test with a geometric's spread could not tell a drop from 16 to 2.7 at bs 1). Then
         the window's mean replaces the estimate, as a trial's does; every other budget's own
         estimate, from the old traffic, goes back to what the larger trees' rounds say of it
-        (``cf``), to be tried again (``retry``, ``_stale``); and the next round probes. Without
+        (``cf``), to be tried again (``own`` 0: ``_stale``); and the next round probes. Without
         it an own estimate moved only when its budget ran, by ``alpha`` a round, so a slot that
         met new traffic tried each stale budget in turn (H100 §43: chain, then branchy on one
         server — the bs-2 / bs-4 slots with chain's 4 / 8 / 16 / 16 for 3 / 7 / 15 / 31 switched
@@ -648,7 +658,6 @@ class AdaptivePolicy:
         for m in s.candidates:
             if 0 < m < s.candidates[-1] and m != ran and s.own.get(m):
                 s.own[m] = 0
-                s.retry.add(m)
                 if m in s.cf:
                     s.accept[m] = s.cf[m]
         s.since_probe = max(s.since_probe, s.probe_every)
@@ -744,8 +753,7 @@ class AdaptivePolicy:
                 # bs-16 slot's second no-draft round cost 134 ms, later ones ~40; seeded there,
                 # no draft looked 3 x dearer than it was and never ran again: absent at
                 # 0.63 x none). Too cheap a start is corrected by running; too dear, never.
-                first = seen <= self.cost_samples and old is not None
-                s.cost[ran] = min(old, cost_ms) if first else ema(old, cost_ms, a)
+                s.cost[ran] = ema_from_cheapest(old, cost_ms, seen, self.cost_samples, a)
         if regular or (probed and s.confirming):
             # a follow-up opens only on a regular probe: rounds of an ended one still in flight
             # reopened it (H100 §26, bs 32 on branchy: 100 follow-ups in 493 rounds, "0x1
@@ -815,8 +823,7 @@ class AdaptivePolicy:
         # at bs 2 / 4 walled 92-93 ms on a server compiling the DDTree kernels, its later ones
         # ~7, and the EMA read 47 / 85 ms a level later)
         n = s.wall_n[ran] = s.wall_n.get(ran, 0) + 1
-        first = old is not None and n <= self.cost_samples
-        s.wall[ran] = min(old, wall_ms) if first else ema(old, wall_ms, self.alpha)
+        s.wall[ran] = ema_from_cheapest(old, wall_ms, n, self.cost_samples, self.alpha)
 
     @staticmethod
     def _end_follow_up(s: Slot) -> None:
