@@ -248,3 +248,55 @@ def test_root_accept_equals_the_walk_of_a_root_tree(bs, depth):
             assert a is None and b is None, name
             continue
         assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), name
+
+
+def _path_target(tree, ids, table):
+    """The target's choice after every node of ``tree``, as a function of the node's rank path
+    (the context): ``table[path]`` is a rank at the next depth, or -1 for a token no draft has."""
+    bs, width = tree.tokens.shape
+    depth = ids.shape[1]
+    pred = torch.full((bs, width), 99, dtype=torch.long)
+    for b in range(bs):
+        paths = {0: ()}
+        for i in range(1, int(tree.num_nodes[b])):
+            paths[i] = (*paths[int(tree.parents[b, i])], int(tree.ranks[b, i]))
+        for i, path in paths.items():
+            r = table[b].get(path, -1)
+            if len(path) < depth and r >= 0:
+                pred[b, i] = ids[b, len(path), r]
+    return pred
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_chain_counts_read_the_chains_accept_off_a_trees_walk(seed):
+    """The chain rung's counterfactual from a tree round: the walked path's leading rank-0
+    nodes. Against a walk of the chain itself under the same target (its choices a function of
+    the path): equal when the tree holds every prefix, never above it when the tree is cut."""
+    import itertools
+
+    from sglang_dflash.ddtree.tree import chain_tree
+    from sglang_dflash.sglang_overlay.adaptive import chain_counts
+
+    gen = torch.Generator().manual_seed(500 + seed)
+    bs, depth, k = 4, 3, 3
+    logp, ids, roots, seq_lens = make_inputs(seed, bs, depth, k, ["smooth", "ties"][seed % 2])
+    paths = [p for d in range(depth) for p in itertools.product(range(k), repeat=d)]
+    # the target takes the rank-0 draft 60 % of the time, another rank 25 %, none 15 %
+    table = []
+    for _ in range(bs):
+        row = {}
+        for p in paths:
+            u = float(torch.rand(1, generator=gen))
+            row[p] = 0 if u < 0.6 else (int(torch.randint(1, k, (1,), generator=gen))
+                                        if u < 0.85 else -1)
+        table.append(row)
+    chain = chain_tree(logp, ids, roots, seq_lens)
+    want = greedy_walk(chain, _path_target(chain, ids, table)).accept_len
+    whole = sum(k ** d for d in range(1, depth + 1))
+    for n in (whole, 7, 3, 1):
+        tree = build_tree(logp, ids, roots, seq_lens, n)
+        acc = greedy_accept(tree, _path_target(tree, ids, table))
+        got = float(chain_counts(acc.accept_index, tree.ranks, tree.width))
+        if n == whole:  # every prefix is finite (no "inf" mode here): all are in the tree
+            assert got == float(want.sum()), (n, got, want)
+        assert got <= float(want.sum())

@@ -237,3 +237,42 @@ def test_package_imports_without_torch(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=tmp_path)
     assert out.stdout.strip() == "False"
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), depth=st.integers(1, 15), k=st.integers(1, 6))
+def test_chain_tree_is_the_best_first_tree_when_rank_0_dominates(seed, depth, k):
+    """With the top token far above the rest at every depth, the best-first tree of budget L
+    is the rank-0 chain: ``chain_tree`` must give the same tree, field by field."""
+    logp, ids, roots, seq_lens = make_inputs(seed, 3, depth, k, "smooth")
+    logp = torch.cat([torch.zeros(3, depth, 1), logp[:, :, 1:] - 1e4], -1)
+    from sglang_dflash.ddtree.tree import chain_tree
+
+    got, want = chain_tree(logp, ids, roots, seq_lens), build_tree(logp, ids, roots, seq_lens,
+                                                                   depth)
+    for name in ("tokens", "parents", "depths", "ranks", "visibility", "retrieve_index",
+                 "next_token", "next_sibling", "positions", "valid", "num_nodes"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    assert got.max_depth == want.max_depth
+    check_invariants(got, seq_lens)
+
+
+def test_chain_tree_ends_at_an_impossible_depth_and_walks_as_a_prefix_match():
+    from sglang_dflash.ddtree.tree import chain_tree
+
+    logp = torch.tensor([[[-0.1, -2.0], [-0.2, -3.0], [float("-inf")] * 2, [-0.1, -1.0]],
+                         [[-0.5, -0.9], [-0.1, -4.0], [-0.3, -0.4], [-0.2, -0.3]]])
+    ids = torch.tensor([[[5, 6], [7, 8], [9, 10], [11, 12]],
+                        [[1, 2], [3, 4], [5, 6], [7, 8]]])
+    tree = chain_tree(logp, ids, torch.tensor([40, 41]), torch.tensor([3, 10]))
+    assert tree.width == 5 and tree.num_nodes.tolist() == [3, 5]
+    assert tree.tokens.tolist() == [[40, 5, 7, 0, 0], [41, 1, 3, 5, 7]]
+    assert tree.parents.tolist() == [[-1, 0, 1, -1, -1], [-1, 0, 1, 2, 3]]
+    assert tree.positions[1].tolist() == [10, 11, 12, 13, 14]
+    # the visibility of a chain is causal: a verify of it needs no mask
+    assert torch.equal(tree.visibility[1], torch.ones(5, 5, dtype=torch.bool).tril())
+    check_invariants(tree, torch.tensor([3, 10]))
+    # the target agrees with 1, 3 then says 9 (not 5): accept 2 drafts, bonus 9
+    pred = torch.tensor([[5, 7, 99, 0, 0], [1, 3, 9, 7, 8]])
+    res = greedy_walk(tree, pred)
+    assert res.accept_len.tolist() == [2, 2] and res.bonus.tolist() == [99, 9]

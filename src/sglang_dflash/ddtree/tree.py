@@ -277,6 +277,31 @@ def _finish(tokens, parents, depths, ranks, scores, valid, seq_lens, depth_max) 
     )
 
 
+def chain_tree(
+    logp: torch.Tensor, ids: torch.Tensor, root_tokens: torch.Tensor, seq_lens: torch.Tensor
+) -> DDTree:
+    """The drafter's rank-0 chain as a tree of width L+1: DFLASH's draft block.
+
+    Node d is the top token at depth d, child of node d-1; its visibility row is the causal
+    one, so a verify of it needs no mask (the chain rung of the adaptive policy verifies it as
+    DFLASH does, causal). A depth whose top token is impossible (-inf) ends the chain there:
+    it and the nodes under it are padding, as ``build_tree`` pads. No host sync."""
+    bs, depth_max, _ = check_inputs(logp, ids, 1)
+    dev = logp.device
+    top = logp[:, :, 0].float()
+    scores = torch.cat([torch.zeros(bs, 1, device=dev), top.cumsum(1)], 1)
+    valid = torch.isfinite(scores)
+    ar = torch.arange(depth_max + 1, device=dev).expand(bs, -1)
+    tokens = torch.cat([root_tokens.to(device=dev, dtype=torch.long).view(bs, 1),
+                        ids[:, :, 0].to(device=dev, dtype=torch.long)], 1)
+    tokens = torch.where(valid, tokens, 0)
+    parents = torch.where(valid & (ar > 0), ar - 1, -1)
+    depths = torch.where(valid, ar, 0)
+    ranks = torch.where(valid, 0, -1)
+    scores = torch.where(valid, scores, float("-inf"))
+    return _finish(tokens, parents, depths, ranks, scores, valid, seq_lens, depth_max)
+
+
 def root_tree(root_tokens: torch.Tensor, seq_lens: torch.Tensor, max_depth: int) -> DDTree:
     """The budget-0 tree: the root (bonus token) alone, width 1.
 

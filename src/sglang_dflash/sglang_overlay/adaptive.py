@@ -35,6 +35,23 @@ def path_counts(accept_index: torch.Tensor, width: int, budgets: torch.Tensor) -
     return hit.sum(dim=(0, 1)).to(torch.float32)
 
 
+def chain_counts(accept_index: torch.Tensor, ranks: torch.Tensor, width: int) -> torch.Tensor:
+    """Sum over the batch of the walked path's leading rank-0 nodes: the drafts the rank-0
+    chain (DFLASH's block, the chain rung's tree) would have had accepted, shape ``[1]``.
+
+    The drafter's top-K at a depth does not depend on the path (one non-causal block), so the
+    chain's node at depth d is the rank-0 node at d wherever it sits in the tree; along the
+    walked path the chain goes as far as the path's nodes are rank 0. Exact when the tree
+    holds the rank-0 child of the path's last node (or the path is at the deepest level);
+    a lower bound otherwise (a tree cut before the chain's next node cannot say whether the
+    target would have taken it)."""
+    bs = accept_index.shape[0]
+    base = torch.arange(bs, device=accept_index.device).view(bs, 1) * int(width)
+    local = torch.where(accept_index >= 0, accept_index.long() - base, -1)[:, 1:]
+    on_chain = (local >= 1) & (ranks.gather(1, local.clamp(min=0)) == 0)
+    return on_chain.long().cumprod(1).sum().to(torch.float32).view(1)
+
+
 @dataclass(frozen=True)
 class RoundRecord:
     """One finished round, as the policy reads it."""
