@@ -1082,10 +1082,118 @@ def test_a_stale_estimate_gets_a_trial_and_a_probe_cuts_one_short():
     s.trial_obs, s.trial_seen, s.trial_acc = 3, 0, []
     feed(pol, 16, 3, {3: 3.0}, cost, 2)
     feed(pol, 16, 31, {3: 1.1, 31: 1.2}, cost)
-    assert s.trial_obs == -1 and s.accept[3] == pytest.approx(1.1)
+    assert s.trial_obs is None and s.accept[3] == pytest.approx(1.1)
 
 
 def test_a_weak_drafter_runs_no_trials():
     pol = AdaptivePolicy(auto_schedule(15))
     simulate(pol, 32, accept=lambda n: 1.02, cost=cost_model(32), rounds=3000)
     assert pol.summary()["32"]["trials"] == 0
+
+
+# ---- the chain rung (policy.CHAIN): DFLASH's round among the candidates ---------------------
+
+CHAIN = policy_mod.CHAIN
+
+
+def simulate_chain(pol, bs, accept, cost, rounds, lag=3, chain_from=15):
+    """``simulate`` with the chain rung: a tree round of at least ``chain_from`` also reports
+    the chain's counterfactual (the worker reads it off the walked path), a chain round only
+    its own accept. Returns the candidates that ran, in order."""
+    ran, pending = [], collections.deque()
+    for _ in range(rounds):
+        while len(pending) > lag:
+            n, cands = pending.popleft()
+            if n == CHAIN:
+                acc = {CHAIN: accept(CHAIN)}
+            else:
+                acc = {m: accept(m) for m in cands if 0 < m <= n}
+                if n >= chain_from:
+                    acc[CHAIN] = accept(CHAIN)
+            pol.observe(bs, n, acc, cost(n))
+        n = pol.choose(bs).budget
+        ran.append(n)
+        pending.append((n, pol.schedule.candidates(bs)))
+    return ran
+
+
+# H100 §46 at bs 32 (meter ms a round): the tree of 15 14.3, DFLASH's round 1.16 x cheaper
+COST_BS32 = {0: 41.5, 3: 10.5, 7: 11.2, 15: 14.3, CHAIN: 14.3 / 1.16}
+CHAIN_SCHEDULE = policy_mod.Schedule(((1, (CHAIN, 0, 3, 7, 15)),))
+
+
+def rate(ran, accept, cost, nodraft=8.0):
+    tokens = sum(nodraft if n == 0 else accept(n) for n in ran)
+    return tokens / sum(cost(n) for n in ran)
+
+
+def test_on_chain_traffic_the_chain_rung_beats_the_tree_of_its_width():
+    pol = AdaptivePolicy(CHAIN_SCHEDULE, nodraft_tokens=8)
+    acc = {3: 4.0, 7: 8.0, 15: 16.0, CHAIN: 16.0}
+    ran = simulate_chain(pol, 32, acc.__getitem__, COST_BS32.__getitem__, 600)
+    assert pol.slot(32).current == CHAIN
+    tail = ran[100:]
+    assert tail.count(CHAIN) / len(tail) > 0.9
+    best = acc[CHAIN] / COST_BS32[CHAIN]
+    assert rate(tail, acc.__getitem__, COST_BS32.__getitem__) >= 0.97 * best
+    # without the rung the same slot serves the tree of 15: 1/1.16 of the rate
+    plain = AdaptivePolicy(policy_mod.Schedule(((1, (0, 3, 7, 15)),)), nodraft_tokens=8)
+    ran15 = simulate_chain(plain, 32, acc.__getitem__, COST_BS32.__getitem__, 600)
+    assert rate(ran15[100:], acc.__getitem__, COST_BS32.__getitem__) < 0.9 * best
+
+
+def test_on_branchy_traffic_a_small_tree_still_wins_over_the_chain_rung():
+    # H100 D3, bs 16 on branchy: every budget accepts ~2, budget 3 is the cheapest round
+    pol = AdaptivePolicy(CHAIN_SCHEDULE, nodraft_tokens=8)
+    acc = {3: 2.0, 7: 1.9, 15: 2.0, CHAIN: 2.0}
+    cost = {0: 39.4, 3: 7.8, 7: 8.6, 15: 9.7, CHAIN: 9.0}
+    ran = simulate_chain(pol, 16, acc.__getitem__, cost.__getitem__, 600)
+    assert pol.slot(16).current == 3
+    assert ran[200:].count(3) / len(ran[200:]) > 0.85
+
+
+def test_a_change_of_traffic_moves_the_slot_off_and_back_onto_the_chain_rung():
+    pol = AdaptivePolicy(CHAIN_SCHEDULE, nodraft_tokens=8)
+    chain = {3: 4.0, 7: 8.0, 15: 16.0, CHAIN: 16.0}
+    absent = dict.fromkeys(chain, 1.0)
+    simulate_chain(pol, 32, chain.__getitem__, COST_BS32.__getitem__, 400)
+    assert pol.slot(32).current == CHAIN
+    ran = simulate_chain(pol, 32, absent.__getitem__, COST_BS32.__getitem__, 300)
+    assert pol.slot(32).current == 0 and pol.slot(32).shifts >= 1
+    assert ran[-100:].count(0) >= 95
+    # back to chain traffic: the top budget's probes carry the chain's counterfactual, and a
+    # trial of the rung (its key is no trial sentinel) brings it back
+    ran = simulate_chain(pol, 32, chain.__getitem__, COST_BS32.__getitem__, 600)
+    assert pol.slot(32).current == CHAIN and pol.slot(32).trials >= 1
+    assert ran[-200:].count(CHAIN) > 180
+    summary = pol.summary()["32"]
+    assert "c" in summary["accept"] and "c" in summary["cost_ms"]
+    assert summary["recent"].split()[-1].startswith("cx")
+
+
+def _chain_then_absent(schedule):
+    pol = AdaptivePolicy(schedule, nodraft_tokens=8)
+    chain = {3: 4.0, 7: 8.0, 15: 16.0, CHAIN: 16.0}
+    absent = dict.fromkeys(chain, 1.0)
+    simulate_chain(pol, 32, chain.__getitem__, COST_BS32.__getitem__, 400)
+    ran = simulate_chain(pol, 32, absent.__getitem__, COST_BS32.__getitem__, 100)
+    return rate(ran, absent.__getitem__, COST_BS32.__getitem__) / (8 / COST_BS32[0])
+
+
+@pytest.mark.xfail(strict=True, reason="open: the rung and the tree of its width are close in "
+                   "value on chain traffic, so as the rung's EMA decays on absent traffic the "
+                   "slot switches to the tree before the rung's shift window fills, and back "
+                   "(0.74 x no draft's rate over the first 100 rounds; the ladder without the "
+                   "rung 0.95)")
+def test_the_chain_rung_leaves_for_no_draft_as_fast_as_the_tree_of_its_width():
+    plain = _chain_then_absent(policy_mod.Schedule(((1, (0, 3, 7, 15)),)))
+    assert plain >= 0.9
+    assert _chain_then_absent(CHAIN_SCHEDULE) >= 0.9
+
+
+def test_the_chain_rung_is_written_c():
+    assert CHAIN_SCHEDULE.render() == "1:c,0,3,7,15"
+    assert policy_mod.label(CHAIN) == "c" and policy_mod.label(15) == "15"
+    assert AdaptivePolicy(CHAIN_SCHEDULE).most_tokens(CHAIN) == policy_mod.DFLASH_WIDTH
+    assert AdaptivePolicy(CHAIN_SCHEDULE, chain_tokens=8).most_tokens(CHAIN) == 8
+    assert AdaptivePolicy(CHAIN_SCHEDULE).most_tokens(7) == 8

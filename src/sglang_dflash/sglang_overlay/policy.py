@@ -81,6 +81,15 @@ AUTO_MAX_BS = 1024
 # cap, so the adaptive policy always has DFLASH's round to choose (docs/gpu-results.md §36: at
 # bs 64 the cap left 0 / 3 / 7, and chain c = 64 ran at 0.59 x DFLASH verifying 16 there).
 DFLASH_WIDTH = 16
+# The chain rung's key among the candidate budgets: a round that drafts the drafter's rank-0
+# chain (its whole block, ``chain_tokens`` - 1 drafts) and verifies it causally, as DFLASH does
+# — no mask, no tree kernels. A tree of the same width pays for both: at bs 32 a 16-wide tree
+# round costs 1.16 x DFLASH's, the custom mask's attention +1.77 ms of GPU (H100 §46), and a
+# chain served by that tree read 0.951 x DFLASH. It sorts below every tree budget and is no
+# tree's prefix, so what it accepts comes from its own rounds and, as a counterfactual, from
+# the walked paths of tree rounds (``adaptive.chain_counts``); summaries and schedules write it
+# ``c``.
+CHAIN = -1
 # Runs of one budget a slot keeps for its summary ("0x37 31x4 0x20": what it ran, in order), so
 # a server's policy_state shows how it moved between budgets, not only how often.
 RUNS_KEPT = 24
@@ -112,9 +121,14 @@ def ema_from_cheapest(old: float | None, value: float, n: int, samples: int,
     return ema(old, value, alpha)
 
 
+def label(n: int) -> str:
+    """A candidate as logs and summaries write it: the budget, or ``c`` for the chain rung."""
+    return "c" if n == CHAIN else str(n)
+
+
 def by_budget(values: dict[int, float], digits: int = 3) -> dict[str, float]:
     """A per-budget map as the summary writes it: keys as strings in budget order, rounded."""
-    return {str(n): round(v, digits) for n, v in sorted(values.items())}
+    return {label(n): round(v, digits) for n, v in sorted(values.items())}
 
 
 def is_pause(gap_ms: float, span_ms: float) -> bool:
@@ -162,7 +176,7 @@ class Schedule:
 
     def render(self) -> str:
         """The canonical text form, ``1:0,7,15;8:0,3`` (parse(render(s)) == s)."""
-        return ";".join(f"{b}:{','.join(str(n) for n in c)}" for b, c in self.entries)
+        return ";".join(f"{b}:{','.join(label(n) for n in c)}" for b, c in self.entries)
 
 
 def validate_entries(
@@ -338,11 +352,11 @@ class Slot:
     trial_every: dict[int, int] = field(default_factory=dict)  # staleness that earns a trial
     cf: dict[int, float] = field(default_factory=dict)  # accept EMAs from larger trees' rounds
     cf_ref: dict[int, float] = field(default_factory=dict)  # cf when its own was last sampled
-    trial_obs: int = -1  # the budget whose trial rounds ``observe`` is collecting
+    trial_obs: int | None = None  # the budget whose trial rounds ``observe`` is collecting
     trial_seen: int = 0  # its rounds observed so far
     trial_acc: list[float] = field(default_factory=list)  # their accepts (the first left out)
     trial_cost: list[float] = field(default_factory=list)  # and their costs
-    trial: int = -1  # the budget on trial (-1: none)
+    trial: int | None = None  # the budget on trial (None: none; -1 is the chain rung)
     trial_left: int = 0  # its rounds still to choose
     trials: int = 0
     trial_from: int = 0  # the observed round count when the latest trial began
@@ -391,8 +405,11 @@ class AdaptivePolicy:
         drift: float = 0.5,
         shift_rounds: int = 8,
         bias: float = 1.5,
+        chain_tokens: int = DFLASH_WIDTH,
     ):
         self.schedule = schedule
+        # the most a chain-rung round commits per request: the drafter's block (``CHAIN``)
+        self.chain_tokens = chain_tokens
         # tokens a no-draft round commits per request (its decode steps: the worker's
         # nodraft_steps), known exactly, so budget 0's accept length is not measured
         self.nodraft_tokens = float(nodraft_tokens)
@@ -502,14 +519,14 @@ class AdaptivePolicy:
             s.confirm_rounds = s.confirm_rounds + 1 if s.confirming else 0
             s.probes_out += 0 if s.confirming else 1
             s.since_probe = 0
-            s.trial = -1  # a probe cuts a trial short: its rounds are dropped (``observe``)
+            s.trial = None  # a probe cuts a trial short: its rounds are dropped (``observe``)
             return Choice(top, probe=True)
-        if s.trial >= 0:
+        if s.trial is not None:
             if s.trial_left > 0 and s.trial != s.current:
                 s.trial_left -= 1
                 s.since_probe += 1
                 return Choice(s.trial, probe=True)
-            s.trial = -1
+            s.trial = None
         stale = None if s.confirming else self._stale(s)
         if stale is not None:
             # its rounds are one measurement, applied when the last is observed (``observe``)
@@ -531,11 +548,11 @@ class AdaptivePolicy:
         before the probe's follow-up can judge the top budget (a new request that accepts
         every draft: the trial of 7 won against no draft and ended the follow-up of 15)."""
         m = s.trial_obs
-        if m < 0:
+        if m is None:
             return False
         if ran != m:
             if s.trial_seen:
-                s.trial_obs = -1
+                s.trial_obs = None
             return False
         s.trial_seen += 1
         if steady and s.trial_seen > 1:
@@ -544,7 +561,7 @@ class AdaptivePolicy:
             if cost_ms is not None and cost_ms > 0:
                 s.trial_cost.append(cost_ms)
         if s.trial_seen >= self.trial_rounds:
-            s.trial_obs = -1
+            s.trial_obs = None
             if s.trial_acc:
                 s.accept[m] = sum(s.trial_acc) / len(s.trial_acc)
                 s.own[m] = len(s.trial_acc)
@@ -579,10 +596,10 @@ class AdaptivePolicy:
         15 accepts the same 16 for 0.78 x the cost; replayed 37 -> 24 rounds of 31).
         """
         top = s.candidates[-1]
-        if s.trial_obs >= 0:
+        if s.trial_obs is not None:
             if s.rounds - s.trial_from < self.trial_rounds + 8:
                 return None  # the last trial's rounds are still to be observed
-            s.trial_obs = -1  # never observed (rounds dropped): given up
+            s.trial_obs = None  # never observed (rounds dropped): given up
         if not s.runs or s.runs[-1][0] != s.current or s.run_k < self.confirm_min:
             return None  # judged against the current budget's latest rounds, not its EMA alone
         # the EMA of a budget just switched to may still be far from it (one probe moves the
@@ -595,7 +612,7 @@ class AdaptivePolicy:
         best, best_score = None, 1.0
         for m in s.candidates:
             # a budget with no own rounds is not tried, unless a shift reset them (``own`` 0)
-            if m >= top or m == s.current or (m > 0 and m not in s.own):
+            if m >= top or m == s.current or (m != 0 and m not in s.own):
                 continue
             cost = s.cost.get(m, 0.0)
             if cost <= 0:
@@ -613,7 +630,8 @@ class AdaptivePolicy:
                 # on the plant: a 3 / 7 / 15 that earns 1.0 beside a paying top is none)
                 ceiling = max(s.accept.get(top, 1.0), self.pooled.get(top, 1.0),
                               run_mean if s.current == top else 1.0)
-                if min(ceiling, m + 1, self.bias * s.cf.get(m, math.inf)) / cost <= bar:
+                if min(ceiling, self.most_tokens(m),
+                       self.bias * s.cf.get(m, math.inf)) / cost <= bar:
                     continue
             score = (s.rounds - s.own_at.get(m, 0)) / self._trial_every(s, m)
             ref, now = s.cf_ref.get(m), s.cf.get(m)
@@ -656,13 +674,17 @@ class AdaptivePolicy:
         s.accept[ran] = mean
         s.own[ran], s.own_at[ran] = max(s.own.get(ran, 0), k), s.rounds
         for m in s.candidates:
-            if 0 < m < s.candidates[-1] and m != ran and s.own.get(m):
+            if m != 0 and m < s.candidates[-1] and m != ran and s.own.get(m):
                 s.own[m] = 0
                 if m in s.cf:
                     s.accept[m] = s.cf[m]
         s.since_probe = max(s.since_probe, s.probe_every)
         s.shifts += 1
         s.tail = {}
+
+    def most_tokens(self, n: int) -> int:
+        """The most a round of candidate n commits per request (its drafts and the bonus)."""
+        return self.chain_tokens if n == CHAIN else n + 1
 
     def value(self, s: Slot, n: int) -> float:
         """Expected tokens per ms of budget n; -inf while either EMA is unknown."""
@@ -711,13 +733,13 @@ class AdaptivePolicy:
             # after a change of traffic it ran without drafting through (H100 §32, branchy
             # c = 8 after absent: the bs-8 slot's EMA of budget 31 at 1.0-1.8 while bs 1 had
             # just run 700 rounds of branchy; 7 follow-ups of a tree 11 % ahead, none adopted)
-            s.prior = {n: self.pooled.get(n, v) if n > 0 else v for n, v in s.accept.items()}
+            s.prior = {n: self.pooled.get(n, v) if n != 0 else v for n, v in s.accept.items()}
         a = self.alpha
         top = s.candidates[-1]
         for n, v in accept_by_budget.items():
             if n == top:  # only ever measured by its own rounds (probes, follow-ups, runs)
                 s.accept[n] = ema(s.accept.get(n), v, a)
-            elif n in s.candidates and n > 0:
+            elif n in s.candidates and n != 0:
                 if n == ran and in_trial:
                     pass  # a trial's rounds are applied together (``_trial_round``)
                 elif n == ran and steady:
@@ -731,10 +753,10 @@ class AdaptivePolicy:
                     s.cf[n] = ema(s.cf.get(n), v, a)
                 if not s.own.get(n) and not (n == ran and (steady or in_trial)):
                     s.accept[n] = ema(s.accept.get(n), v, a)
-            if n > 0:
+            if n != 0:
                 old = self.pooled.get(n)
                 self.pooled[n] = ema(old, v, a)
-        if steady and ran > 0 and ran == s.current and not in_trial:
+        if steady and ran != 0 and ran == s.current and not in_trial:
             self._follow_shift(s, ran, done)
         # a regular probe's cost is not a sample: one tree round among no-draft rounds costs
         # more than the same round in a run of them (H200 2026-12-05, meter: budget 64 at bs 1
@@ -850,7 +872,8 @@ class AdaptivePolicy:
         3 times of 4; chain c = 4 and 8 at 0.78-0.98 x DFLASH). And only those with a cost of
         this slot's own, or ``ran`` (the follow-up measures it): one still borrowed from another
         batch size is not this one's (replayed, chain at bs 4 after bs 1: budget 47 at bs 1's
-        6.35 ms, 8.0 at bs 4, opened follow-up after follow-up that never measured it)."""
+        6.35 ms, 8.0 at bs 4, opened follow-up after follow-up that never measured it).
+        The chain rung (``CHAIN``) is above nothing: the EMAs judge it, no follow-up does."""
         costs = s.cost | (cost or {})
         return max((v / costs[n] for n, v in accept.items()
                     if n in s.candidates and n > max(0, s.current) and costs.get(n, 0) > 0
@@ -917,7 +940,7 @@ class AdaptivePolicy:
             return
         w = self.follow_prior
         shrunk = {n: (w * s.prior.get(n, v / k) + v) / (w + k) for n, v in s.streak.items()
-                  if n in s.candidates and n > 0}
+                  if n in s.candidates and n != 0}
         if self._best_rate(s, shrunk, ran, own) > bar:
             # the EMAs above the current budget are stale (probes update only their accept);
             # the follow-up's own rounds are the fresh estimate: adopt it, so the slot switches
@@ -948,7 +971,7 @@ class AdaptivePolicy:
                 "trials": s.trials,
                 **({"shifts": s.shifts} if s.shifts else {}),
                 **({"probes_deferred": s.deferrals} if s.deferrals else {}),
-                "recent": " ".join(f"{n}x{c}" for n, c in s.runs),
+                "recent": " ".join(f"{label(n)}x{c}" for n, c in s.runs),
                 **({"warm_from": s.warm_from} if s.warm_from else {}),
             }
             for bs, s in sorted(self.slots.items())
