@@ -1160,7 +1160,8 @@ def test_a_change_of_traffic_moves_the_slot_off_and_back_onto_the_chain_rung():
     assert pol.slot(32).current == CHAIN
     ran = simulate_chain(pol, 32, absent.__getitem__, COST_BS32.__getitem__, 300)
     assert pol.slot(32).current == 0 and pol.slot(32).shifts >= 1
-    assert ran[-100:].count(0) >= 95
+    # the last 100 rounds: no draft but the trials of the budgets the shift reset (d1cf7ad)
+    assert rate(ran[-100:], absent.__getitem__, COST_BS32.__getitem__) >= 0.9 * 8 / COST_BS32[0]
     # back to chain traffic: the top budget's probes carry the chain's counterfactual, and a
     # trial of the rung (its key is no trial sentinel) brings it back
     ran = simulate_chain(pol, 32, chain.__getitem__, COST_BS32.__getitem__, 600)
@@ -1180,12 +1181,11 @@ def _chain_then_absent(schedule):
     return rate(ran, absent.__getitem__, COST_BS32.__getitem__) / (8 / COST_BS32[0])
 
 
-@pytest.mark.xfail(strict=True, reason="open: the rung and the tree of its width are close in "
-                   "value on chain traffic, so as the rung's EMA decays on absent traffic the "
-                   "slot switches to the tree before the rung's shift window fills, and back "
-                   "(0.74 x no draft's rate over the first 100 rounds; the ladder without the "
-                   "rung 0.95)")
-def test_the_chain_rung_leaves_for_no_draft_as_fast_as_the_tree_of_its_width():
+def test_the_chain_rung_leaves_for_no_draft_about_as_fast_as_the_tree_of_its_width():
+    """The rung and the tree of 15 are close in value on chain traffic; on absent traffic their
+    estimates decay by turns, each handing the slot to the other. With a shift window per
+    budget neither window filled (0.74 x no draft's rate over the first 100 rounds); the window
+    pools the budgets that were current in turn (0.92; the ladder without the rung 0.95)."""
     plain = _chain_then_absent(policy_mod.Schedule(((1, (0, 3, 7, 15)),)))
     assert plain >= 0.9
     assert _chain_then_absent(CHAIN_SCHEDULE) >= 0.9
