@@ -21,6 +21,14 @@ from sglang_dflash.sglang_overlay.policy import PAUSE_FACTOR, PAUSE_SLACK_MS, is
 from sglang_dflash.sglang_overlay.timing import HostEvent  # noqa: F401 (the meter's host clock)
 
 
+def _path_nodes(accept_index: torch.Tensor, width: int) -> torch.Tensor:
+    """The walked path's local node indices ``[bs, L]`` (root dropped, -1 padding) from the
+    walk's global ``b*W + i``."""
+    bs = accept_index.shape[0]
+    base = torch.arange(bs, device=accept_index.device).view(bs, 1) * int(width)
+    return torch.where(accept_index >= 0, accept_index.long() - base, -1)[:, 1:]
+
+
 def path_counts(accept_index: torch.Tensor, width: int, budgets: torch.Tensor) -> torch.Tensor:
     """Sum over the batch of accepted path nodes with local index in 1..n, per budget n.
 
@@ -28,9 +36,7 @@ def path_counts(accept_index: torch.Tensor, width: int, budgets: torch.Tensor) -
     padding). Under budget n the tree keeps nodes 1..n (pop order), so a request's accept
     length at n is 1 + its count; the mean over the batch is 1 + sum / bs.
     """
-    bs = accept_index.shape[0]
-    base = torch.arange(bs, device=accept_index.device).view(bs, 1) * int(width)
-    local = torch.where(accept_index >= 0, accept_index.long() - base, -1)[:, 1:]
+    local = _path_nodes(accept_index, width)
     hit = (local.unsqueeze(-1) >= 1) & (local.unsqueeze(-1) <= budgets.view(1, 1, -1))
     return hit.sum(dim=(0, 1)).to(torch.float32)
 
@@ -45,9 +51,7 @@ def chain_counts(accept_index: torch.Tensor, ranks: torch.Tensor, width: int) ->
     holds the rank-0 child of the path's last node (or the path is at the deepest level);
     a lower bound otherwise (a tree cut before the chain's next node cannot say whether the
     target would have taken it)."""
-    bs = accept_index.shape[0]
-    base = torch.arange(bs, device=accept_index.device).view(bs, 1) * int(width)
-    local = torch.where(accept_index >= 0, accept_index.long() - base, -1)[:, 1:]
+    local = _path_nodes(accept_index, width)
     on_chain = (local >= 1) & (ranks.gather(1, local.clamp(min=0)) == 0)
     return on_chain.long().cumprod(1).sum().to(torch.float32).view(1)
 
