@@ -312,9 +312,9 @@ class Slot:
     """What one padded batch size has learnt: accept and cost EMAs per candidate budget."""
 
     candidates: tuple[int, ...]
+    current: int  # the budget it runs (no default: -1 is the chain rung, 0 no draft)
     accept: dict[int, float] = field(default_factory=dict)  # tokens per request per round
     cost: dict[int, float] = field(default_factory=dict)  # ms per round
-    current: int = -1
     rounds: int = 0
     since_probe: int = 0
     probe_every: int = 0
