@@ -91,16 +91,24 @@ def test_policy_strings():
         settings.policy_from_env(15, {ENV: "adaptive:auto:lots"})
 
 
-def simulate(policy, bs, accept, cost, rounds, lag=3):
+def simulate(policy, bs, accept, cost, rounds, lag=3, chain_from=None):
     """Run ``rounds`` rounds at one batch size; the policy sees each round ``lag`` rounds late,
     as it does on the GPU. ``accept(n)`` is the mean accept length of budget n, ``cost(n)``
-    the round time. Returns the budgets that ran, in order."""
+    the round time. With the chain rung (``chain_from``), a tree round of at least that budget
+    also reports the chain's counterfactual (the worker reads it off the walked path) and a
+    chain round only its own accept. Returns the budgets that ran, in order."""
     ran = []
     pending = collections.deque()
     for _ in range(rounds):
         while len(pending) > lag:
             n, cands = pending.popleft()
-            policy.observe(bs, n, {m: accept(m) for m in cands if 0 < m <= n}, cost(n))
+            if n == policy_mod.CHAIN:
+                acc = {n: accept(n)}
+            else:
+                acc = {m: accept(m) for m in cands if 0 < m <= n}
+                if chain_from is not None and n >= chain_from:
+                    acc[policy_mod.CHAIN] = accept(policy_mod.CHAIN)
+            policy.observe(bs, n, acc, cost(n))
         n = policy.choose(bs).budget
         ran.append(n)
         pending.append((n, policy.schedule.candidates(bs)))
@@ -1096,25 +1104,9 @@ def test_a_weak_drafter_runs_no_trials():
 CHAIN = policy_mod.CHAIN
 
 
-def simulate_chain(pol, bs, accept, cost, rounds, lag=3, chain_from=15):
-    """``simulate`` with the chain rung: a tree round of at least ``chain_from`` also reports
-    the chain's counterfactual (the worker reads it off the walked path), a chain round only
-    its own accept. Returns the candidates that ran, in order."""
-    ran, pending = [], collections.deque()
-    for _ in range(rounds):
-        while len(pending) > lag:
-            n, cands = pending.popleft()
-            if n == CHAIN:
-                acc = {CHAIN: accept(CHAIN)}
-            else:
-                acc = {m: accept(m) for m in cands if 0 < m <= n}
-                if n >= chain_from:
-                    acc[CHAIN] = accept(CHAIN)
-            pol.observe(bs, n, acc, cost(n))
-        n = pol.choose(bs).budget
-        ran.append(n)
-        pending.append((n, pol.schedule.candidates(bs)))
-    return ran
+def simulate_chain(pol, bs, accept, cost, rounds, lag=3):
+    """``simulate`` with the chain rung, its counterfactual from tree rounds of 15 and up."""
+    return simulate(pol, bs, accept, cost, rounds, lag, chain_from=15)
 
 
 # H100 §46 at bs 32 (meter ms a round): the tree of 15 14.3, DFLASH's round 1.16 x cheaper
